@@ -1,0 +1,118 @@
+"""A stand-in model that lets hfbridge call transformers' own generation helpers.
+
+`GenerationMixin` keeps the logic we must match (default generation options, special-token
+handling, the order and parameters of logits processors, stopping criteria) in methods that only
+look at `self.config`, `self.generation_config` and `self.device`. A tiny host object with those
+three attributes can run them unchanged, so hfbridge reuses HF's code for the installed version
+instead of mirroring it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PretrainedConfig
+from transformers.generation.utils import GenerationMixin
+
+
+class ProcessorHost(GenerationMixin):
+    """The smallest object on which `GenerationMixin`'s helper methods run.
+
+    Args:
+        device: Where HF puts the tensors it creates (eos ids, masks). Default: CPU.
+        max_position_embeddings: Passed to HF's `MaxLengthCriteria` as the model limit. Default: None.
+
+    >>> host = ProcessorHost()
+    >>> host.config.is_encoder_decoder
+    False
+    """
+
+    # transformers 5.x checks this class attribute in a few helpers.
+    _is_stateful = False
+
+    def __init__(self, device: torch.device | str | None = None, max_position_embeddings: int | None = None):
+        config = PretrainedConfig()
+        if max_position_embeddings is not None:
+            config.max_position_embeddings = max_position_embeddings
+        self.config = config
+        self.generation_config = GenerationConfig.from_model_config(config)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+
+    def prepare_config(self, generation_config: GenerationConfig | None, **options: Any) -> tuple[GenerationConfig, dict]:
+        """HF's `_prepare_generation_config`: a copy with defaults filled and `options` applied.
+
+        Returns the config and the options that are not generation options.
+        """
+        prepared = self._prepare_generation_config(generation_config, **options)
+        return prepared[0], prepared[1]
+
+    def prepare_special_tokens(self, generation_config: GenerationConfig, has_attention_mask: bool | None,
+                               device: torch.device, batch_size: int | None = None) -> None:
+        """HF's `_prepare_special_tokens` (sets `_eos_token_tensor`, `_pad_token_tensor`, ...) in place."""
+        kwargs: dict[str, Any] = {}
+        if batch_size is not None and "batch_size" in _parameters(GenerationMixin._prepare_special_tokens):
+            kwargs["batch_size"] = batch_size
+        self._prepare_special_tokens(generation_config, has_attention_mask, device=device, **kwargs)
+
+    def logits_processor(self, generation_config: GenerationConfig, *, prompt_length: int | None,
+                         processors: Any, device: torch.device, attention_mask: torch.Tensor | None):
+        """HF's `_get_logits_processor`, called the way `generate` calls it for a decoder-only model."""
+        model_kwargs = {"attention_mask": attention_mask} if attention_mask is not None else {}
+        return self._get_logits_processor(
+            generation_config,
+            input_ids_seq_length=prompt_length,
+            encoder_input_ids=None,
+            prefix_allowed_tokens_fn=None,
+            logits_processor=processors,
+            device=device,
+            model_kwargs=model_kwargs,
+            negative_prompt_ids=None,
+            negative_prompt_attention_mask=None,
+        )
+
+    def stopping_criteria(self, generation_config: GenerationConfig, stopping_criteria: Any = None, tokenizer: Any = None):
+        """HF's `_get_stopping_criteria` (max length, max time, stop strings, eos) merged with user criteria."""
+        from transformers import StoppingCriteriaList
+
+        criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
+        return self._get_stopping_criteria(generation_config, stopping_criteria=criteria, tokenizer=tokenizer)
+
+
+def _parameters(function) -> set[str]:
+    return set(inspect.signature(function).parameters)
+
+
+def generation_option_names() -> frozenset[str]:
+    """Every option name the installed `GenerationConfig` knows (public fields only).
+
+    >>> "top_p" in generation_option_names()
+    True
+    """
+    return frozenset(name for name in GenerationConfig().to_dict() if not name.startswith("_"))
+
+
+def prepare_lengths(host: ProcessorHost, generation_config: GenerationConfig, *, user_config: GenerationConfig | None,
+                    options: dict[str, Any], prompt_length: int) -> None:
+    """HF's `_prepare_generated_length`, in place: `max_new_tokens`/`min_new_tokens` become lengths.
+
+    The "has default" flags are computed as transformers 5.x computes them; older versions use them
+    only to decide whether to warn, so the resulting lengths are the same.
+    """
+
+    def has_default(name: str) -> bool:
+        return (
+            options.get(name) is None
+            and (user_config is None or getattr(user_config, name, None) is None)
+            and getattr(host.generation_config, name, None) is None
+        )
+
+    host._prepare_generated_length(
+        generation_config=generation_config,
+        has_default_max_length=has_default("max_length"),
+        has_default_min_length=has_default("min_length"),
+        model_input_name="input_ids",
+        input_ids_length=prompt_length,
+        inputs_tensor=None,
+    )

@@ -1,0 +1,224 @@
+"""Generation options -> HF's own `GenerationConfig`, `LogitsProcessorList` and stopping criteria.
+
+Nothing here re-implements transformers: options are merged with HF's defaults by HF's
+`_prepare_generation_config`, and the processor list is built by HF's `_get_logits_processor`,
+both run on a stand-in host (`hfbridge._hf.ProcessorHost`). What hfbridge adds is checking the
+options up front, with messages that say what to change.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from ._hf import ProcessorHost, generation_option_names, prepare_lengths
+
+# Options that turn sampling on when `do_sample` is left to hfbridge (HF's warpers).
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+
+# Options that become a logits processor (or decide its parameters) in HF's `_get_logits_processor`.
+_PROCESSOR_OPTIONS = (
+    "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "min_length",
+    "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens",
+    "begin_suppress_tokens", "exponential_decay_length_penalty", "remove_invalid_values",
+    "renormalize_logits", "eos_token_id", "pad_token_id", "bos_token_id", "max_length",
+    "max_new_tokens", "do_sample",
+) + SAMPLING_OPTIONS
+
+# Options whose processor depends on how long the prompt was.
+_NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")
+
+
+def step_option_names() -> frozenset[str]:
+    """The generation options `sample_step` accepts on the installed transformers.
+
+    >>> {"temperature", "repetition_penalty"} <= step_option_names()
+    True
+    """
+    return frozenset(_PROCESSOR_OPTIONS) & generation_option_names()
+
+
+def check_option_names(options: Iterable[str], accepted: frozenset[str], *, caller: str) -> None:
+    """Raise `TypeError` for an option `caller` does not take, with a did-you-mean suggestion."""
+    known = generation_option_names()
+    for name in options:
+        if name in accepted:
+            continue
+        if name in known:
+            raise TypeError(
+                f"{caller}() does not use the generation option `{name}`: it chooses one token per row "
+                f"(greedy or sampling) with logits processors. Options it takes: {', '.join(sorted(accepted))}."
+            )
+        close = difflib.get_close_matches(name, sorted(accepted), n=1)
+        hint = f" Did you mean `{close[0]}`?" if close else ""
+        raise TypeError(f"{caller}() got an unexpected option `{name}`.{hint}")
+
+
+def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfig | None, options: Mapping[str, Any]) -> bool:
+    """Decide greedy or sampling.
+
+    An explicit `do_sample` wins; otherwise any sampling option passed as a keyword
+    (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`, `eta_cutoff`, `top_h`)
+    means sampling; otherwise the `generation_config`'s own `do_sample`; otherwise greedy.
+
+    >>> resolve_do_sample(None, None, {"top_p": 0.9}), resolve_do_sample(None, None, {})
+    (True, False)
+    """
+    if do_sample is not None:
+        return bool(do_sample)
+    if any(options.get(name) is not None for name in SAMPLING_OPTIONS):
+        return True
+    if generation_config is not None and generation_config.do_sample is not None:
+        return bool(generation_config.do_sample)
+    return False
+
+
+def make_generation_config(
+    generation_config: GenerationConfig | None = None,
+    *,
+    do_sample: bool | None = None,
+    prompt_length: int | None = None,
+    accepted: frozenset[str] | None = None,
+    caller: str = "sample_step",
+    **options: Any,
+) -> GenerationConfig:
+    """A validated copy of `generation_config` with `options` applied, as HF's `generate` makes it.
+
+    HF's defaults for the installed version are filled in (for example `top_k=50` when sampling,
+    as `model.generate` does). The caller's config is never modified.
+
+    >>> make_generation_config(temperature=0.7).do_sample
+    True
+    """
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(
+            f"`generation_config` must be a transformers.GenerationConfig, got {type(generation_config).__name__}."
+        )
+    check_option_names(options, step_option_names() if accepted is None else accepted, caller=caller)
+    sample = resolve_do_sample(do_sample, generation_config, options)
+    if generation_config is None or generation_config.do_sample != sample:
+        options = {**options, "do_sample": sample}
+    host = ProcessorHost()
+    config, unused = host.prepare_config(generation_config, **options)
+    if unused:  # pragma: no cover - names were checked above
+        raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
+    config.validate()
+    _check_values(config)
+    needing = [name for name in _NEEDS_PROMPT_LENGTH if getattr(config, name, None) is not None]
+    if prompt_length is None and needing:
+        raise ValueError(
+            f"`{needing[0]}` depends on how many tokens the prompt had: pass `prompt_length=` "
+            f"(the prompt's length in tokens, without the generated ones)."
+        )
+    if prompt_length is not None:
+        if not isinstance(prompt_length, int) or prompt_length < 0:
+            raise ValueError(f"`prompt_length` must be a non-negative int, got {prompt_length!r}.")
+        prepare_lengths(host, config, user_config=generation_config, options=options, prompt_length=prompt_length)
+    return config
+
+
+# option -> (HF class whose constructor validates it, the value meaning "off", applies only when sampling)
+_VALIDATORS = {
+    "repetition_penalty": ("RepetitionPenaltyLogitsProcessor", 1.0, False),
+    "no_repeat_ngram_size": ("NoRepeatNGramLogitsProcessor", 0, False),
+    "temperature": ("TemperatureLogitsWarper", 1.0, True),
+    "top_k": ("TopKLogitsWarper", 0, True),
+    "top_p": ("TopPLogitsWarper", 1.0, True),
+    "min_p": ("MinPLogitsWarper", None, True),
+    "typical_p": ("TypicalLogitsWarper", 1.0, True),
+    "epsilon_cutoff": ("EpsilonLogitsWarper", 0.0, True),
+    "eta_cutoff": ("EtaLogitsWarper", 0.0, True),
+    "top_h": ("TopHLogitsWarper", None, True),
+}
+
+
+def _check_values(config: GenerationConfig) -> None:
+    """Run HF's own range checks on every option, including values HF would silently ignore (`top_p=1.5`)."""
+    from transformers.generation import logits_process
+
+    for name, (class_name, off, sampling_only) in _VALIDATORS.items():
+        value = getattr(config, name, None)
+        if value is None or value == off or (sampling_only and not config.do_sample):
+            continue
+        processor_class = getattr(logits_process, class_name, None)
+        if processor_class is None:
+            continue
+        try:
+            processor_class(value)
+        except ValueError as error:
+            raise ValueError(f"`{name}`={value!r} is out of range: {error}") from None
+
+
+def build_processors(
+    generation_config: GenerationConfig | None = None,
+    *,
+    processors: Iterable[Callable] | None = None,
+    prompt_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+    do_sample: bool | None = None,
+    **generation_kwargs: Any,
+) -> LogitsProcessorList:
+    """The `LogitsProcessorList` HF's `generate` would build for these options, in HF's order.
+
+    Args:
+        generation_config: A `GenerationConfig` to start from (not modified). Default: HF's defaults.
+        processors: Your own processors (any `(input_ids, scores) -> scores` callables), merged
+            as `generate` merges `logits_processor=`: one of the same class as a built one replaces
+            it in place, the others run after the built non-sampling processors.
+        prompt_length: Number of prompt tokens; needed by `min_new_tokens`, `max_new_tokens`,
+            `exponential_decay_length_penalty` and `begin_suppress_tokens`.
+        attention_mask: `(batch, seq)` prompt mask; transformers versions that support it use it
+            to keep repetition penalty off left padding.
+        device: Device for the tensors processors hold (eos ids). Default: CPU.
+        do_sample: Greedy or sampling; `None` decides as `sample_step` documents.
+        **generation_kwargs: `GenerationConfig` options (`temperature`, `top_p`, `repetition_penalty`, ...).
+
+    >>> [type(p).__name__ for p in build_processors(temperature=0.7, top_p=0.9)]
+    ['TemperatureLogitsWarper', 'TopKLogitsWarper', 'TopPLogitsWarper']
+    """
+    config = make_generation_config(
+        generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
+    )
+    return processors_for_config(config, processors=processors, prompt_length=prompt_length,
+                                 attention_mask=attention_mask, device=device)
+
+
+def processors_for_config(
+    config: GenerationConfig,
+    *,
+    processors: Iterable[Callable] | None = None,
+    prompt_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> LogitsProcessorList:
+    """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`).
+
+    Sets the config's private special-token tensors (`_eos_token_tensor`, ...) as `generate` does.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    user = _as_processor_list(processors)
+    host = ProcessorHost(device=device)
+    host.prepare_special_tokens(config, attention_mask is not None, device)
+    return host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
+                                 attention_mask=attention_mask)
+
+
+def _as_processor_list(processors: Iterable[Callable] | None) -> LogitsProcessorList:
+    if processors is None:
+        return LogitsProcessorList()
+    if callable(processors) and not isinstance(processors, (list, tuple)):
+        processors = [processors]
+    result = LogitsProcessorList()
+    for index, processor in enumerate(processors):
+        if not callable(processor):
+            raise TypeError(
+                f"`processors[{index}]` must be callable as (input_ids, scores) -> scores, "
+                f"got {type(processor).__name__}."
+            )
+        result.append(processor)
+    return result

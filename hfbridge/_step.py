@@ -1,0 +1,310 @@
+"""One decoding step: logits of any layout in, next tokens out, exactly as HF's `generate` picks them.
+
+The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
+`rows` (extract, layout, vocab trim, float32 copy) -> `input_rows` (validate the context) ->
+`process` (HF's `LogitsProcessorList`) -> `choose` (argmax, or softmax + `torch.multinomial`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from ._layout import Layout, LayoutLike, rows_of
+from ._processors import make_generation_config, processors_for_config
+
+
+def extract_logits(output: Any) -> torch.Tensor:
+    """The logits tensor inside a model output: a tensor, a tuple/list (first item), a mapping with
+    `"logits"` or an object with a `.logits` attribute (HF's `ModelOutput`).
+
+    >>> extract_logits((torch.zeros(1, 3), "cache")).shape
+    torch.Size([1, 3])
+    """
+    logits = output
+    if not isinstance(logits, torch.Tensor):
+        if isinstance(output, Mapping):
+            if "logits" not in output:
+                raise TypeError(
+                    f"`logits` is a mapping without a 'logits' key (keys: {list(output)[:8]}); "
+                    "pass the logits tensor or an output holding it under 'logits'."
+                )
+            logits = output["logits"]
+        elif hasattr(output, "logits"):
+            logits = output.logits
+        elif isinstance(output, (tuple, list)):
+            if not output:
+                raise TypeError("`logits` is an empty tuple/list; expected the logits as its first element.")
+            logits = output[0]
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(
+            "`logits` must be a tensor, a tuple/list whose first element is one, a mapping with 'logits' "
+            f"or an object with `.logits`; got {type(output).__name__}"
+            + (f" holding {type(logits).__name__}" if logits is not output else "") + "."
+        )
+    if not logits.is_floating_point():
+        raise TypeError(f"`logits` must be a floating-point tensor, got dtype {logits.dtype}.")
+    return logits
+
+
+class Sampler:
+    """HF's decoding step built once and applied to many steps.
+
+    Args:
+        generation_config: A `transformers.GenerationConfig` to start from; never modified.
+        processors: Your own `(input_ids, scores) -> scores` callables, merged with the built ones
+            as HF's `generate` merges `logits_processor=`.
+        layout: Axis names of the logits, e.g. `"b t v"` (default for 3-D), `"t b v"`, `"b v t"`,
+            `"b v"` (default for 2-D), `"v"` (default for 1-D), `"t v"`, `"b k t v"`.
+        vocab_size: The real vocabulary when the model's output is padded (50257 of 50304
+            columns): the extra columns are dropped and can never be chosen. Default: all columns.
+        do_sample: `True` samples, `False` is greedy. Default `None`: sample when any sampling
+            option (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
+            `eta_cutoff`, `top_h`) is passed, else follow `generation_config.do_sample`, else greedy.
+        generator: A `torch.Generator` on the logits' device for reproducible draws that leave
+            the global RNG alone. Default: the global RNG, drawing exactly as HF does.
+        prompt_length: Prompt tokens before generation; needed by `min_new_tokens`,
+            `max_new_tokens`, `exponential_decay_length_penalty`, `begin_suppress_tokens`.
+        attention_mask: `(batch, seq)` mask of a left-padded prompt (repetition penalty then
+            skips the padding on transformers versions that do so).
+        fast: Use hfbridge's fused sampling path: HF's distribution, not HF's random stream.
+        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
+
+    >>> import torch
+    >>> sampler = Sampler(temperature=0.7, top_k=2)
+    >>> [type(p).__name__ for p in sampler.processors]
+    ['TemperatureLogitsWarper', 'TopKLogitsWarper']
+    >>> sampler(torch.tensor([[0.0, 9.0, -9.0]]), torch.tensor([[1]])).shape
+    torch.Size([1])
+    """
+
+    def __init__(
+        self,
+        generation_config: GenerationConfig | None = None,
+        *,
+        processors: Iterable[Callable] | None = None,
+        layout: LayoutLike = None,
+        vocab_size: int | None = None,
+        do_sample: bool | None = None,
+        generator: torch.Generator | None = None,
+        prompt_length: int | None = None,
+        attention_mask: torch.Tensor | None = None,
+        fast: bool = False,
+        **generation_kwargs: Any,
+    ):
+        if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1):
+            raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
+            raise ValueError(
+                f"`attention_mask` must be a (batch, seq) tensor, got "
+                f"{tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__}."
+            )
+        self.layout = Layout(layout) if isinstance(layout, str) else layout
+        self.vocab_size = vocab_size
+        self.generator = generator
+        self.prompt_length = prompt_length
+        self.fast = bool(fast)
+        self.generation_config = make_generation_config(
+            generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
+        )
+        self.do_sample = bool(self.generation_config.do_sample)
+        self._user_processors = processors
+        self._attention_mask = attention_mask
+        self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
+        self._processors = self._build(self._device)
+
+    def _build(self, device: torch.device) -> LogitsProcessorList:
+        mask = self._attention_mask.to(device) if self._attention_mask is not None else None
+        return processors_for_config(self.generation_config, processors=self._user_processors,
+                                     prompt_length=self.prompt_length, attention_mask=mask, device=device)
+
+    @property
+    def processors(self) -> LogitsProcessorList:
+        """The `LogitsProcessorList` each step runs (HF's classes, HF's order)."""
+        return self._processors
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(p).__name__ if not hasattr(p, "__name__") else p.__name__ for p in self._processors)
+        mode = "sample" if self.do_sample else "greedy"
+        return f"Sampler({mode}{', fast' if self.fast else ''}; [{names}])"
+
+    def __call__(self, logits: Any, input_ids: torch.Tensor | None = None) -> torch.LongTensor:
+        """Next tokens for `logits` given the context `input_ids`, shaped as the layout's batch axes."""
+        logits = extract_logits(logits)
+        layout = Layout.for_tensor(logits, self.layout)
+        batch_shape = layout.batch_shape(logits) if logits.ndim == len(layout.axes) else None
+        rows = self.rows(logits)
+        ids = self.input_rows(input_ids, rows, batch_shape=batch_shape)
+        self._check_generator(rows.device)
+        if self.fast and self.do_sample:
+            from ._fast import fast_sample
+
+            tokens = fast_sample(ids, rows, self._processors_on(rows.device), self.generator)
+        else:
+            tokens = self.choose(self.process(ids, rows))
+        return layout.from_rows(tokens, batch_shape)
+
+    def rows(self, logits: Any) -> torch.Tensor:
+        """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.
+
+        Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
+        """
+        logits = extract_logits(logits)
+        rows = Layout.for_tensor(logits, self.layout).to_rows(logits)  # [N, V_padded]
+        columns = rows.shape[-1]
+        if self.vocab_size is not None:
+            if self.vocab_size > columns:
+                raise ValueError(
+                    f"`vocab_size`={self.vocab_size} but the logits have only {columns} vocabulary columns "
+                    f"(shape {tuple(logits.shape)})."
+                )
+            rows = rows[:, : self.vocab_size]
+        # float32 as HF upcasts; copy=True so that in-place processors never reach the caller's tensor.
+        rows = rows.to(dtype=torch.float32, copy=True)  # [N, V]
+        nan_rows = torch.isnan(rows).any(dim=-1)
+        if bool(nan_rows.any()):
+            first = int(nan_rows.nonzero()[0, 0])
+            raise ValueError(
+                f"`logits` contain NaN in row {first} ({int(nan_rows.sum())} of {rows.shape[0]} rows have NaN); "
+                "check the model's forward pass (overflow in fp16?)."
+            )
+        return rows
+
+    def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
+                   *, batch_shape: tuple[int, ...] | None = None) -> torch.LongTensor:
+        """`input_ids` as a private `(rows, seq)` int64 copy, checked against the logits rows.
+
+        Args:
+            input_ids: `(*batch, seq)` token ids, or None (no context: an empty `(rows, 0)` tensor).
+            rows: The `(rows, vocab)` scores from `rows()` (or just the number of rows).
+            batch_shape: The logits' batch shape; default `(rows,)`, or `()` for 1-D `input_ids`.
+        """
+        n_rows = rows if isinstance(rows, int) else rows.shape[0]
+        vocab = None if isinstance(rows, int) else rows.shape[1]
+        device = self._device if isinstance(rows, int) else rows.device
+        if input_ids is None:
+            return torch.empty((n_rows, 0), dtype=torch.long, device=device)
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"`input_ids` must be a tensor of token ids, got {type(input_ids).__name__}.")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise TypeError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
+        if batch_shape is None:
+            batch_shape = () if input_ids.ndim == 1 and n_rows == 1 else (n_rows,)
+        if tuple(input_ids.shape[:-1]) != tuple(batch_shape) or input_ids.ndim != len(batch_shape) + 1:
+            raise ValueError(
+                f"`input_ids` of shape {tuple(input_ids.shape)} do not match the logits: expected "
+                f"{tuple(batch_shape) + ('seq',)} (logits batch {tuple(batch_shape)}, {n_rows} rows), "
+                f"got batch {tuple(input_ids.shape[:-1])}."
+            )
+        if input_ids.device != device:
+            raise ValueError(
+                f"`input_ids` are on {input_ids.device} but the logits are on {device}; move one of them."
+            )
+        ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=True)  # [N, T]
+        if vocab is not None and ids.numel():
+            out_of_range = (ids < 0) | (ids >= vocab)
+            if bool(out_of_range.any()):
+                bad = int(ids[out_of_range][0])
+                raise ValueError(
+                    f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
+                    f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size})."
+                )
+        return ids
+
+    def _processors_on(self, device: torch.device) -> LogitsProcessorList:
+        if device != self._device:
+            self._device = device
+            self._processors = self._build(device)
+        return self._processors
+
+    def _check_generator(self, device: torch.device) -> None:
+        if self.generator is None:
+            return
+        generator_device = torch.device(self.generator.device)
+        if generator_device.type != device.type or (
+            device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
+        ):
+            raise ValueError(
+                f"`generator` is on {generator_device} but the logits are on {device}; "
+                f"create it with torch.Generator(device={str(device)!r})."
+            )
+
+    def process(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        """Run the processors on `(rows, vocab)` scores; raise if they leave a row with no token."""
+        scores = self._processors_on(scores.device)(input_ids, scores)  # [N, V]
+        empty = ~(scores > float("-inf")).any(dim=-1)
+        if bool(empty.any()):
+            first = int(empty.nonzero()[0, 0])
+            names = [type(p).__name__ for p in self._processors]
+            raise ValueError(
+                f"the logits processors {names} removed every token of row {first}: nothing is left to "
+                "choose (a row can also start all -inf or NaN). Relax the options, e.g. `bad_words_ids`, "
+                "`suppress_tokens` or `min_p`."
+            )
+        return scores
+
+    def choose(self, scores: torch.Tensor) -> torch.LongTensor:
+        """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`."""
+        if not self.do_sample:
+            return torch.argmax(scores, dim=-1)
+        self._check_generator(scores.device)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+
+
+def sample_step(
+    logits: Any,
+    input_ids: torch.Tensor | None = None,
+    *,
+    processors: Iterable[Callable] | None = None,
+    generation_config: GenerationConfig | None = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    do_sample: bool | None = None,
+    generator: torch.Generator | None = None,
+    prompt_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    fast: bool = False,
+    **generation_kwargs: Any,
+) -> torch.LongTensor:
+    """The next tokens for `logits`, as HF's `generate` would choose them with these options.
+
+    Takes the last position of every batch element, applies HF's logits processors in HF's order
+    with HF's defaults (on a float32 copy: the caller's tensors are never modified), then takes the
+    argmax or draws from the softmax. See `Sampler` for every argument; build a `Sampler` once to
+    avoid rebuilding the processors at each step.
+
+    Args:
+        logits: A tensor or a model output (tuple/list, mapping with "logits", `ModelOutput`).
+        input_ids: The tokens so far, `(*batch, seq)`; processors such as repetition penalty
+            read them. Default: no context.
+
+    Returns:
+        Token ids with the layout's batch shape (`(batch,)` for `"b t v"`, 0-d for `"v"`), on the
+        logits' device.
+
+    >>> import torch
+    >>> logits = torch.tensor([[[0.0, 1.0, 3.0], [0.0, 3.0, 1.0]]])   # [B=1, T=2, V=3]
+    >>> sample_step(logits).tolist()                                     # greedy on the last position
+    [1]
+    >>> sample_step(logits, torch.tensor([[1, 1]]), repetition_penalty=4.0).tolist()
+    [2]
+    """
+    sampler = Sampler(
+        generation_config,
+        processors=processors,
+        layout=layout,
+        vocab_size=vocab_size,
+        do_sample=do_sample,
+        generator=generator,
+        prompt_length=prompt_length,
+        attention_mask=attention_mask,
+        fast=fast,
+        **generation_kwargs,
+    )
+    return sampler(logits, input_ids)
