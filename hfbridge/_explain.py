@@ -1,0 +1,377 @@
+"""What each logits processor did to one step's distribution: `explain_step` and its trace.
+
+The trace is recorded by running the processors that `Sampler` built (HF's own, in HF's order)
+one at a time on a copy of the scores, then choosing the token exactly as `Sampler` does, so
+the recorded choice is the token `sample_step` returns for the same options and seed.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._layout import Layout
+from ._step import Sampler, extract_logits
+
+__all__ = ["Stage", "StepTrace", "explain_step"]
+
+_MAX_LIST_PARAM = 8  # longer list/tensor parameters are summarised by their length
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The distribution of one row at one point of the step.
+
+    Attributes:
+        name: ``"input"`` for the model's scores, else the processor's class name.
+        params: The processor's settings (``{"temperature": 0.7}``); empty for the input.
+        scores: ``(vocab,)`` float32 scores after this stage; ``-inf`` marks removed tokens.
+        top_ids: Ids of the ``top`` highest-scoring tokens still possible, best first.
+        top_scores: Their scores.
+        top_probs: Their softmax probabilities.
+        possible: How many tokens still have a finite score.
+        entropy: Entropy of the softmax distribution, in nats.
+    """
+
+    name: str
+    params: dict[str, Any]
+    scores: torch.Tensor = field(repr=False)
+    top_ids: list[int]
+    top_scores: list[float]
+    top_probs: list[float]
+    possible: int
+    entropy: float
+
+    @property
+    def label(self) -> str:
+        """``Name(param=value, ...)``, or ``input``."""
+        if not self.params:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={_format_value(v)}' for k, v in self.params.items())})"
+
+    @property
+    def short_name(self) -> str:
+        """The name without HF's ``LogitsProcessor``/``LogitsWarper`` suffix."""
+        for suffix in ("LogitsProcessor", "LogitsWarper", "Processor"):
+            if self.name.endswith(suffix) and self.name != suffix:
+                return self.name[: -len(suffix)]
+        return self.name
+
+    def probs(self) -> torch.Tensor:
+        """``(vocab,)`` softmax probabilities of this stage."""
+        return torch.softmax(self.scores, dim=-1)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """The record `explain_step` returns; shows as a table in Jupyter and as text in a terminal.
+
+    Attributes:
+        stages: The input distribution, then one `Stage` per processor, in the order they ran.
+        token: The token id chosen for the explained row.
+        row: Which row of the batch is explained.
+        batch_rows: How many rows the step had.
+        do_sample: Whether the token was drawn (``True``) or taken by argmax (``False``).
+        tokenizer: Used only to show tokens as text. Default: ``None`` (ids are shown).
+    """
+
+    stages: list[Stage]
+    token: int
+    row: int
+    batch_rows: int
+    do_sample: bool
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def token_text(self) -> str | None:
+        """The chosen token decoded by the tokenizer, or ``None`` without one."""
+        return None if self.tokenizer is None else self.tokenizer.decode([self.token])
+
+    def token_label(self, token_id: int) -> str:
+        """How a token is shown: its text (``repr`` of the decoded string) or ``#id``."""
+        if self.tokenizer is None:
+            return f"#{token_id}"
+        return repr(self.tokenizer.decode([token_id]))
+
+    def _summary(self) -> str:
+        how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
+        last = self.stages[-1]
+        p = last.probs()[self.token].item()
+        return (
+            f"row {self.row} of {self.batch_rows}: token {self.token} {self.token_label(self.token) if self.tokenizer else ''}"
+            .rstrip()
+            + f" {how}, p={p:.3f} after {len(self.stages) - 1} processor(s)"
+        )
+
+    def __str__(self) -> str:
+        lines = [f"explain_step: {self._summary()}"]
+        width = max(8, *(len(self.token_label(i)) for s in self.stages for i in s.top_ids))
+        width = min(width, 24)
+        for number, stage in enumerate(self.stages):
+            lines.append("")
+            lines.append(f"[{number}] {stage.label}")
+            lines.append(f"    possible {stage.possible}   entropy {stage.entropy:.3f} nats")
+            lines.append(f"    {'rank':>4}  {'token':<{width}}  {'score':>9}  {'prob':>6}")
+            for rank, (token_id, score, prob) in enumerate(zip(stage.top_ids, stage.top_scores, stage.top_probs), 1):
+                mark = "  <- chosen" if token_id == self.token else ""
+                label = _clip(self.token_label(token_id), width)
+                lines.append(f"    {rank:>4}  {label:<{width}}  {score:>9.3f}  {prob:>6.3f}{mark}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        head = "".join(
+            f"<th style='text-align:left;vertical-align:top'>[{n}] {html.escape(s.short_name)}"
+            f"<br><span style='font-weight:normal;font-size:85%'>{html.escape(_params_text(s.params))}</span></th>"
+            for n, s in enumerate(self.stages)
+        )
+        depth = max(len(s.top_ids) for s in self.stages)
+        body = []
+        for rank in range(depth):
+            cells = [f"<td style='text-align:right;color:#888'>{rank + 1}</td>"]
+            for stage in self.stages:
+                if rank >= len(stage.top_ids):
+                    cells.append("<td></td>")
+                    continue
+                token_id, score, prob = stage.top_ids[rank], stage.top_scores[rank], stage.top_probs[rank]
+                chosen = token_id == self.token
+                bar = f"linear-gradient(90deg, {'#f4a259' if chosen else '#9ecae1'} {100 * prob:.1f}%, transparent {100 * prob:.1f}%)"
+                weight = "font-weight:bold;" if chosen else ""
+                cells.append(
+                    f"<td title='id {token_id}, score {score:.4f}' style='text-align:left;background:{bar};{weight}'>"
+                    f"<code>{html.escape(self.token_label(token_id))}</code> {prob:.3f}"
+                    f"<span style='color:#777;font-size:80%'> ({_format_score(score)})</span></td>"
+                )
+            body.append(f"<tr>{''.join(cells)}</tr>")
+        for title, values in (
+            ("possible", [str(s.possible) for s in self.stages]),
+            ("entropy (nats)", [f"{s.entropy:.3f}" for s in self.stages]),
+        ):
+            body.append(
+                f"<tr><td style='text-align:right;color:#888'>{title}</td>"
+                + "".join(f"<td style='text-align:left'>{v}</td>" for v in values)
+                + "</tr>"
+            )
+        caption = html.escape(f"explain_step: {self._summary()}")
+        return (
+            "<table style='border-collapse:collapse;font-size:90%'>"
+            f"<caption style='caption-side:top;text-align:left'><b>{caption}</b> "
+            "(cells: token, probability, (score); the chosen token is bold)</caption>"
+            f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        )
+
+    def plot(self, *, top: int | None = None, ax: Any = None):
+        """Stacked bars: how the probability of the top tokens moves from stage to stage.
+
+        Each bar is one stage; each coloured segment is one token (the input's top tokens, plus
+        the chosen one), grey is every other token. The chosen token is hatched.
+
+        Args:
+            top: How many tokens get their own colour. Default: the trace's ``top`` (at most 10).
+            ax: A matplotlib ``Axes`` to draw into. Default: a new figure.
+
+        Returns:
+            The matplotlib ``Figure``. A new figure is closed in pyplot, so in Jupyter it is
+            shown once, when the call is the cell's last expression (or via ``display``).
+
+        >>> import torch, matplotlib
+        >>> matplotlib.use("Agg")
+        >>> fig = explain_step(torch.tensor([0.0, 1.0, 2.0]), temperature=0.5).plot()
+        >>> type(fig).__name__
+        'Figure'
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as error:
+            raise ImportError(
+                "StepTrace.plot() needs matplotlib, which is not installed; "
+                "install it with `pip install hfbridge[notebooks]` (or `pip install matplotlib`)."
+            ) from error
+        count = min(top if top is not None else len(self.stages[0].top_ids), 10)
+        if count < 1:
+            raise ValueError(f"top: expected a positive number of tokens to plot, got {top!r}")
+        tokens = list(self.stages[0].top_ids[:count])
+        if self.token not in tokens:
+            tokens.append(self.token)
+        probs = torch.stack([s.probs() for s in self.stages])  # [stages, vocab]
+        shown = probs[:, tokens]  # [stages, tokens]
+        rest = (1.0 - shown.sum(dim=1)).clamp_min(0.0)
+
+        created = ax is None
+        if created:
+            fig, ax = plt.subplots(figsize=(1.9 * len(self.stages) + 3.2, 4.2))
+        else:
+            fig = ax.figure
+        x = range(len(self.stages))
+        bottom = torch.zeros(len(self.stages))
+        colors = plt.get_cmap("tab10" if len(tokens) <= 10 else "tab20")
+        for i, token_id in enumerate(tokens):
+            chosen = token_id == self.token
+            ax.bar(
+                x, shown[:, i].tolist(), bottom=bottom.tolist(), color=colors(i % colors.N), width=0.6,
+                edgecolor="black" if chosen else "white", linewidth=1.2 if chosen else 0.5,
+                hatch="//" if chosen else None,
+                label=self.token_label(token_id) + ("  (chosen)" if chosen else ""),
+            )
+            bottom += shown[:, i]
+        ax.bar(x, rest.tolist(), bottom=bottom.tolist(), color="#d9d9d9", width=0.6, edgecolor="white",
+               linewidth=0.5, label="all other tokens")
+        for i, stage in enumerate(self.stages):
+            ax.text(i, 1.01, f"{stage.possible} possible\nH={stage.entropy:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([_wrap_label(s) for s in self.stages], fontsize=8)
+        ax.set_ylim(0, 1.12)
+        ax.set_ylabel("probability")
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.set_title(f"explain_step: token {self.token_label(self.token)} "
+                     f"{'sampled' if self.do_sample else 'greedy'}", fontsize=10, pad=24)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, title="token")
+        if created:
+            fig.tight_layout()
+            plt.close(fig)
+        return fig
+
+
+def explain_step(
+    logits: Any,
+    input_ids: torch.Tensor | None = None,
+    *,
+    tokenizer: Any = None,
+    top: int = 10,
+    row: int = 0,
+    **options: Any,
+) -> StepTrace:
+    """Run one `sample_step` and record what each logits processor did to one row.
+
+    Takes exactly the arguments of `sample_step` (``temperature``, ``top_p``,
+    ``repetition_penalty``, ``layout``, ``vocab_size``, ``generator``, ...), runs HF's processors
+    one at a time in HF's order and records, for the input and after every processor: the
+    processor's name and parameters, the ``top`` best tokens with scores and probabilities, how
+    many tokens remain possible and the entropy; then the token chosen, which is the one
+    `sample_step` returns for the same options and seed.
+
+    Args:
+        logits: Model output, as for `sample_step` (any layout, dtype or padded vocabulary).
+        input_ids: ``(batch, seq)`` tokens so far, needed by penalties. Default: ``None``.
+        tokenizer: A HF tokenizer to show tokens as text. Default: ``None`` (ids are shown).
+        top: How many tokens to record per stage. Default: ``10``.
+        row: Which row of the batch to explain (rows as the layout flattens them). Default: ``0``.
+        **options: Everything `sample_step` / `Sampler` accepts.
+
+    Returns:
+        A `StepTrace`: rich HTML in Jupyter, a text table with ``print``, and ``.plot()``.
+
+    >>> import torch
+    >>> trace = explain_step(torch.tensor([[0.0, 1.0, 3.0, 2.0]]), temperature=0.5, top_k=2)
+    >>> [stage.name for stage in trace.stages]
+    ['input', 'TemperatureLogitsWarper', 'TopKLogitsWarper']
+    >>> trace.stages[-1].possible
+    2
+    """
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top: expected a positive int (tokens to record per stage), got {top!r}")
+    if isinstance(row, bool) or not isinstance(row, int):
+        raise TypeError(f"row: expected an int (which batch row to explain), got {type(row).__name__}")
+    sampler = Sampler(**options)
+    # The same preparation as `Sampler.__call__`, so batch shapes and errors are the step's own.
+    logits = extract_logits(logits)
+    layout = Layout.for_tensor(logits, sampler.layout)
+    batch_shape = layout.batch_shape(logits) if logits.ndim == len(layout.axes) else None
+    rows = sampler.rows(logits)  # [N, V], float32 copy
+    n_rows = rows.shape[0]
+    if not 0 <= row < n_rows:
+        raise ValueError(f"row: got {row}, expected 0 <= row < {n_rows} (the step has {n_rows} row(s))")
+    ids = sampler.input_rows(input_ids, rows, batch_shape=batch_shape)  # [N, T]
+    processors = sampler._processors_on(rows.device)
+
+    scores = rows.clone()
+    stages = [_stage("input", {}, scores[row], top)]
+    for processor in processors:
+        # Processors may edit their input in place; each recorded stage keeps its own copy.
+        scores = processor(ids, scores.clone())
+        stages.append(_stage(type(processor).__name__, _processor_params(processor), scores[row], top))
+    # Choose for every row through the step's own path (which also rejects a row left with no
+    # token), so a seeded generator draws the token `sample_step` would.
+    if sampler.fast and sampler.do_sample:
+        from ._fast import fast_sample
+
+        tokens = fast_sample(ids, rows, processors, sampler.generator)
+    else:
+        tokens = sampler.choose(sampler.process(ids, rows))
+    return StepTrace(
+        stages=stages,
+        token=int(tokens[row]),
+        row=row,
+        batch_rows=n_rows,
+        do_sample=bool(sampler.do_sample),
+        tokenizer=tokenizer,
+    )
+
+
+def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) -> Stage:
+    scores = scores.detach().float().cpu().clone()  # [V]
+    probs = torch.softmax(scores, dim=-1)
+    possible = int((scores > float("-inf")).sum())
+    # Removed tokens (-inf) are not listed: `possible` already says how many are left.
+    top_scores, top_ids = torch.topk(scores, max(1, min(top, possible)))
+    return Stage(
+        name=name,
+        params=params,
+        scores=scores,
+        top_ids=top_ids.tolist(),
+        top_scores=top_scores.tolist(),
+        top_probs=probs[top_ids].tolist(),
+        possible=possible,
+        entropy=float(torch.special.entr(probs).sum()),
+    )
+
+
+def _processor_params(processor: Any) -> dict[str, Any]:
+    """The processor's public settings, readable: numbers, flags, short id lists."""
+    params: dict[str, Any] = {}
+    for name, value in vars(processor).items():
+        if name.startswith("_") or name == "filter_value" or value is None:
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.numel() > _MAX_LIST_PARAM:
+                value = f"<{value.numel()} values>"
+            else:
+                value = value.item() if value.dim() == 0 else value.tolist()
+        elif isinstance(value, (list, tuple, set)):
+            value = list(value)
+            if len(value) > _MAX_LIST_PARAM:
+                value = f"<{len(value)} values>"
+        elif not isinstance(value, (bool, int, float, str)):
+            continue
+        params[name] = value
+    return params
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _format_score(score: float) -> str:
+    return "-inf" if score == float("-inf") else f"{score:.2f}"
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_format_value(v)}" for k, v in params.items())
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _wrap_label(stage: Stage) -> str:
+    params = _params_text(stage.params)
+    if len(params) > 22:
+        params = params[:21] + "…"
+    return f"{stage.short_name}\n{params}" if params else stage.short_name
+
