@@ -10,6 +10,7 @@ instead of mirroring it.
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -60,6 +61,14 @@ class ProcessorHost(GenerationMixin):
                          processors: Any, device: torch.device, attention_mask: torch.Tensor | None):
         """HF's `_get_logits_processor`, called the way `generate` calls it for a decoder-only model."""
         model_kwargs = {"attention_mask": attention_mask} if attention_mask is not None else {}
+        with warnings.catch_warnings():
+            if prompt_length is None:
+                # HF reads a missing length as "generating from inputs_embeds" and warns about it; a
+                # single step without prompt_length is not that, and no processor built here uses it.
+                warnings.filterwarnings("ignore", message=r"Passing `\w+` with `inputs_embeds`")
+            return self._build_processors(generation_config, prompt_length, processors, device, model_kwargs)
+
+    def _build_processors(self, generation_config, prompt_length, processors, device, model_kwargs):
         return self._get_logits_processor(
             generation_config,
             input_ids_seq_length=prompt_length,

@@ -136,11 +136,12 @@ class Sampler:
     def __call__(self, logits: Any, input_ids: torch.Tensor | None = None) -> torch.LongTensor:
         """Next tokens for `logits` given the context `input_ids`, shaped as the layout's batch axes."""
         logits = extract_logits(logits)
+        self._check_generator(logits.device)
         layout = Layout.for_tensor(logits, self.layout)
-        batch_shape = layout.batch_shape(logits) if logits.ndim == len(layout.axes) else None
+        layout.check(logits)
+        batch_shape = layout.batch_shape(logits)
         rows = self.rows(logits)
         ids = self.input_rows(input_ids, rows, batch_shape=batch_shape)
-        self._check_generator(rows.device)
         if self.fast and self.do_sample:
             from ._fast import fast_sample
 
