@@ -1,0 +1,30 @@
+"""The README's quick-start commands stay the ones CI runs."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def quick_start_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    return [line for block in blocks for line in block.splitlines() if line and not line.startswith("#")]
+
+
+def test_quick_start_has_exactly_two_commands():
+    commands = quick_start_commands()
+    assert len(commands) == 2
+    assert commands[0].endswith("python -m hfbridge demo")
+    assert "pytest" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command():
+    assert quick_start_commands()[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_ci_oldest_transformers_is_the_setup_cfg_floor():
+    floor = re.search(r"transformers>=([\d.]+)", (ROOT / "setup.cfg").read_text()).group(1)
+    oldest = re.search(r'TRANSFORMERS_OLDEST="([\d.]+)"', (ROOT / ".ci" / "run").read_text()).group(1)
+    assert oldest.startswith(floor + ".") or oldest == floor
