@@ -1,0 +1,438 @@
+"""`generate`: HF's decoding loop (`GenerationMixin._sample`) for models that are just callables.
+
+One call of `generate`, in order (the numbers follow HF's `generate`):
+1. check the arguments and split `**kwargs` into generation options and model inputs;
+2. merge the options into a `GenerationConfig` as HF does (`_prepare_generation_config`), with
+   lengths (`_prepare_generated_length`) and special tokens (`_prepare_special_tokens`) from HF;
+3. expand the prompt for `num_return_sequences`, put it in the streamer;
+4. build HF's stopping criteria and a fresh `Sampler` (HF's logits processors) for this call;
+5. loop: `forward` (the model adapter) -> `rows` -> `process` -> `choose` -> append (finished rows
+   get `pad_token_id`) -> streamer -> stopping criteria, until every row is finished.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from ._hf import ProcessorHost, generation_option_names
+from ._layout import Layout, LayoutLike
+from ._models import AdapterTypeError, ModelAdapter, as_adapter
+from ._processors import make_generation_config
+from ._step import Sampler, extract_logits
+
+# `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
+_PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
+               "layout", "vocab_size", "generator", "progress", "fast", "max_context")
+_HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
+_SUPPORTED_MODES = ("greedy_search", "sample")
+
+
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.LongTensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    **kwargs: Any,
+) -> torch.LongTensor | GenerateDecoderOnlyOutput:
+    """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
+
+    For the same options and the same `torch.manual_seed`, the result is token for token what
+    `model.generate()` returns for an HF model called the same way (greedy or sampling).
+
+    Args:
+        model: A plain callable `model(input_ids) -> logits` that recomputes the whole sequence
+            (wrapped in `Recompute`), or an adapter: `Recompute(model, max_context=N)`,
+            `InputPos(model)` (gpt-fast `model(idx, input_pos)`), `ReturnsCache(model)`
+            (`model(input_ids, cache) -> (logits, cache)`), `Hooks(model, prepare_inputs, update_state)`.
+        input_ids: The prompts, `(batch, seq)` integer token ids, left-padded when their lengths
+            differ. Never modified.
+        attention_mask: `(batch, seq)`, 1 for tokens and 0 for left padding. Default: inferred as
+            HF does (0 where `pad_token_id` appears, unless it equals `eos_token_id`), else all ones.
+        generation_config: A `transformers.GenerationConfig` to start from (never modified);
+            keyword options override it.
+        processors: Extra logits processors `(input_ids, scores) -> scores` (HF's
+            `logits_processor=`), merged with the ones the options create as HF merges them.
+            Stateful ones receive one call per new token and the full vocabulary.
+        stopping_criteria: Extra `StoppingCriteria` (HF's `stopping_criteria=`).
+        streamer: A `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`, any object with
+            `put`/`end`): receives the prompt first, then each step's tokens, as HF sends them.
+        tokenizer: Needed for `stop_strings` (HF's `StopStringCriteria`).
+        layout: The logits' layout when not `"b t v"`, e.g. `"t b v"`, `"b v"` (see `Sampler`).
+        vocab_size: The real vocabulary size when the model's output is padded (extra columns can
+            never be chosen).
+        generator: A `torch.Generator` for sampling; default: the global RNG, as HF.
+        progress: Show a `tqdm.auto` progress bar over the new tokens. Default: False.
+        fast: Sample with hfbridge's fused path (HF's distribution, not HF's random stream).
+        max_context: For a plain callable: feed at most the last `max_context` tokens
+            (same as passing `Recompute(model, max_context=...)`).
+        **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
+            `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
+            `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
+            `output_logits`, ...). Any other name is a model input: it goes into the adapter's
+            state and to the model at every call (tensors with a leading batch axis are repeated
+            for `num_return_sequences`), and must be a parameter the model accepts.
+
+    Returns:
+        The sequences `(batch * num_return_sequences, prompt + new)`, prompt included, on the
+        device of `input_ids`; finished rows are filled with `pad_token_id`. With
+        `return_dict_in_generate=True`, HF's `GenerateDecoderOnlyOutput` with `sequences`, and
+        `scores` (processed) / `logits` (raw float32) per step when `output_scores` /
+        `output_logits` ask for them, and `past_key_values` for a `ReturnsCache` model.
+
+    Raises:
+        TypeError / ValueError: for bad arguments, before the first model call.
+        ValueError: when the model returns logits with the wrong number of rows or vocabulary
+            columns, or NaN; the message names the step (step 0 is the prompt's forward pass).
+        Exception: whatever the model raises, unchanged, with a note naming the step.
+
+    >>> import torch
+    >>> from hfbridge import generate
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> table = torch.randn(16, 16)                       # a bigram "model"
+    >>> def model(input_ids):                             # [B, T] -> [B, T, V]
+    ...     return table[input_ids]
+    >>> out = generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=True, top_k=4)
+    >>> out.shape
+    torch.Size([1, 8])
+    """
+    adapter = as_adapter(model, max_context=max_context)
+    _check_input_ids(input_ids)
+    batch, prompt_length = input_ids.shape
+    device = input_ids.device
+    if attention_mask is not None:
+        attention_mask = _checked_mask(attention_mask, input_ids)
+    options, model_inputs = _split_kwargs(kwargs)
+    for name in model_inputs:
+        try:
+            adapter.check_inputs([name])
+        except TypeError as error:
+            raise TypeError(f"{error}{_did_you_mean(name)}") from None
+    _check_lengths(options, generation_config)
+    _check_streamer(streamer)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+    if generator is not None and torch.device(generator.device).type != device.type:
+        raise ValueError(
+            f"`generator` is on {generator.device} but `input_ids` are on {device}; "
+            f"create it with torch.Generator(device={str(device)!r})."
+        )
+    if layout is not None and not isinstance(layout, Layout):
+        layout = Layout(layout)
+
+    # 2. The config, exactly as HF's `generate` prepares it (defaults, lengths, validation).
+    do_sample = options.pop("do_sample", None)
+    config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
+                                    accepted=generation_option_names(), caller="generate", **options)
+    _check_config(config, tokenizer)
+    host = ProcessorHost(device=device)
+    sampler_config = copy.deepcopy(config)
+    host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
+    if attention_mask is None:
+        attention_mask = _inferred_mask(host, input_ids, config)
+    if batch > 1 and bool((attention_mask[:, -1] == 0).any()):
+        warnings.warn(
+            "`attention_mask` has padding at the end of some rows (right padding); decoder-only models need "
+            "left padding for batched generation (tokenizer padding_side='left').",
+            UserWarning,
+            stacklevel=2,
+        )
+    host._validate_generated_length(config, prompt_length, _has_default_max_length(options, generation_config))
+
+    # 3. One row per returned sequence, as HF's `_expand_inputs_for_generation`.
+    expand = config.num_return_sequences or 1
+    sequences = input_ids.to(dtype=torch.long, copy=True)  # [B, T], our own copy
+    mask = attention_mask.to(dtype=torch.long, copy=True)  # [B, T]
+    if expand > 1:
+        sequences = sequences.repeat_interleave(expand, dim=0)  # [B * n, T]
+        mask = mask.repeat_interleave(expand, dim=0)
+        model_inputs = {name: _expand(value, batch, expand) for name, value in model_inputs.items()}
+    rows_expected = batch * expand
+    if isinstance(streamer, TextStreamer) and rows_expected > 1:
+        raise ValueError(
+            f"`streamer` is a {type(streamer).__name__}, which streams one sequence, but generate() would produce "
+            f"{rows_expected} ({batch} prompts x num_return_sequences={expand}); pass one prompt with "
+            "num_return_sequences=1, or a streamer of your own that handles batches."
+        )
+
+    # 4. This call's criteria and processors (fresh: stateful processors start clean).
+    criteria = host.stopping_criteria(config, _criteria_list(stopping_criteria), tokenizer=tokenizer)
+    pad_token = config._pad_token_tensor
+    pads_finished_rows = any(hasattr(criterion, "eos_token_id") for criterion in criteria)
+    if pads_finished_rows and pad_token is None:
+        raise ValueError(
+            "a stopping criterion has an `eos_token_id`, so finished rows need a `pad_token_id`; pass "
+            "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
+        )
+    padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
+    sampler = Sampler(sampler_config, processors=processors, layout=layout, vocab_size=vocab_size,
+                      generator=generator, prompt_length=prompt_length, attention_mask=padding, fast=fast)
+    state = adapter.start(sequences, mask, model_inputs)
+
+    return_dict = bool(config.return_dict_in_generate)
+    scores = () if return_dict and config.output_scores else None
+    raw_logits = () if return_dict and config.output_logits else None
+    keep_scores = scores is not None
+
+    if streamer is not None:
+        streamer.put(sequences.cpu())
+    bar = _progress_bar(progress, (config.max_length or prompt_length) - prompt_length)
+    finished_normally = False
+    try:
+        # 5. The loop of HF's `_sample`.
+        unfinished = torch.ones(rows_expected, dtype=torch.long, device=device)  # [N]
+        vocab = None
+        step = 0
+        while True:
+            state["attention_mask"] = mask
+            try:
+                outputs = adapter.forward(sequences, state)  # the model call
+                state = adapter.update(outputs, sequences, state)
+            except AdapterTypeError as error:
+                raise TypeError(f"generate(): at step {step}: {error}") from None
+            except Exception as error:
+                _add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
+                                 f"{sequences.shape[1]} tokens so far, {step} generated).")
+                raise
+            rows = _rows(sampler, adapter.logits(outputs), step, rows_expected, batch, expand)  # [N, V]
+            rows = rows.to(device)
+            if vocab is None:
+                vocab = rows.shape[1]
+                _at_step(step, lambda: sampler.input_rows(sequences, rows))  # prompt ids within the vocabulary
+            elif rows.shape[1] != vocab:
+                raise ValueError(
+                    f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
+                    f"but {vocab} at step 0; the vocabulary size must stay the same."
+                )
+            tokens, step_scores = _at_step(step, lambda: _next_tokens(sampler, sequences, rows, keep_scores))
+            if scores is not None:
+                scores += (step_scores,)
+            if raw_logits is not None:
+                raw_logits += (rows,)
+            if pads_finished_rows:
+                # finished sentences get the padding token, as HF's `_sample`
+                tokens = tokens * unfinished + pad_token * (1 - unfinished)
+            sequences = torch.cat([sequences, tokens[:, None]], dim=-1)  # [N, T + 1]
+            mask = torch.cat([mask, mask.new_ones((rows_expected, 1))], dim=-1)
+            if streamer is not None:
+                streamer.put(tokens.cpu())
+            unfinished = unfinished & ~criteria(sequences, scores)
+            step += 1
+            if bar is not None:
+                bar.update(1)
+            if unfinished.max() == 0:
+                break
+        finished_normally = True
+    finally:
+        if bar is not None:
+            bar.close()
+        if streamer is not None and not finished_normally:
+            streamer.end()  # so that a TextIteratorStreamer's reader stops instead of waiting forever
+    if streamer is not None:
+        streamer.end()
+
+    if return_dict:
+        return GenerateDecoderOnlyOutput(
+            sequences=sequences, scores=scores, logits=raw_logits, attentions=None, hidden_states=None,
+            past_key_values=adapter.cache(state),
+        )
+    return sequences
+
+
+def _check_input_ids(input_ids: Any) -> None:
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"`input_ids` must be a (batch, seq) tensor of token ids, got {type(input_ids).__name__}.")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
+    if input_ids.ndim != 2:
+        hint = " (for one prompt, pass input_ids[None])" if input_ids.ndim == 1 else ""
+        raise ValueError(f"`input_ids` must be (batch, seq), got shape {tuple(input_ids.shape)}{hint}.")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"`input_ids` of shape {tuple(input_ids.shape)} is empty; generate() needs at least one prompt "
+            "with at least one token (e.g. a BOS token)."
+        )
+    if bool((input_ids < 0).any()):
+        raise ValueError(f"`input_ids` hold a negative token id ({int(input_ids.min())}); token ids are >= 0.")
+
+
+def _checked_mask(attention_mask: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"`attention_mask` must be a tensor of 0/1, got {type(attention_mask).__name__}.")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}."
+        )
+    if attention_mask.device != input_ids.device:
+        raise ValueError(
+            f"`attention_mask` is on {attention_mask.device} but `input_ids` are on {input_ids.device}; move one of them."
+        )
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("`attention_mask` must hold only 0 (padding) and 1 (token).")
+    empty = ~(attention_mask != 0).any(dim=-1)
+    if bool(empty.any()):
+        raise ValueError(
+            f"`attention_mask` row {int(empty.nonzero()[0, 0])} is all zeros: every prompt needs at least one token."
+        )
+    return attention_mask
+
+
+def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Generation options (fields of the installed `GenerationConfig`) and model inputs (the rest)."""
+    known = generation_option_names()
+    options = {name: value for name, value in kwargs.items() if name in known}
+    model_inputs = {name: value for name, value in kwargs.items() if name not in known}
+    for name in model_inputs:
+        if name in _HF_NAMES:
+            raise TypeError(f"generate() takes `{_HF_NAMES[name]}=` where HF's generate takes `{name}=`.")
+    return options, model_inputs
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name, sorted(generation_option_names()) + list(_PARAMETERS), n=1)
+    return f" Did you mean `{close[0]}`?" if close else ""
+
+
+def _check_lengths(options: dict[str, Any], generation_config: GenerationConfig | None) -> None:
+    value = options.get("max_new_tokens")
+    if value is None and generation_config is not None:
+        value = getattr(generation_config, "max_new_tokens", None)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"`max_new_tokens` must be an int >= 1, got {value!r}.")
+
+
+def _has_default_max_length(options: dict[str, Any], generation_config: GenerationConfig | None) -> bool:
+    return options.get("max_length") is None and (generation_config is None or generation_config.max_length is None)
+
+
+def _check_streamer(streamer: Any) -> None:
+    if streamer is None:
+        return
+    if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        raise TypeError(
+            f"`streamer` must have put(token_ids) and end() methods (a transformers streamer), "
+            f"got {type(streamer).__name__}."
+        )
+
+
+def _check_config(config: GenerationConfig, tokenizer: Any) -> None:
+    mode = config.get_generation_mode()
+    mode_name = getattr(mode, "value", str(mode))
+    if mode_name not in _SUPPORTED_MODES:
+        raise ValueError(
+            f"generate() does greedy decoding and sampling; these options select {mode_name.replace('_', ' ')} "
+            f"(num_beams={config.num_beams}, penalty_alpha={config.penalty_alpha}), which it does not support. "
+            "Use num_beams=1 and no penalty_alpha / constraints / force_words_ids."
+        )
+    for name in ("output_attentions", "output_hidden_states"):
+        if getattr(config, name, False):
+            raise ValueError(
+                f"`{name}=True` needs the model's internals, which generate() does not see; collect them in your "
+                "model (e.g. with Hooks' update_state) instead."
+            )
+    if config.stop_strings is not None and tokenizer is None:
+        raise ValueError(
+            f"`stop_strings`={config.stop_strings!r} needs `tokenizer=`: HF's StopStringCriteria matches the "
+            "strings against the tokenizer's vocabulary. Pass the tokenizer that made `input_ids`."
+        )
+
+
+def _criteria_list(stopping_criteria: Iterable[Callable] | None) -> StoppingCriteriaList:
+    if stopping_criteria is None:
+        return StoppingCriteriaList()
+    if callable(stopping_criteria) and not isinstance(stopping_criteria, (list, tuple)):
+        stopping_criteria = [stopping_criteria]
+    result = StoppingCriteriaList()
+    for index, criterion in enumerate(stopping_criteria):
+        if not callable(criterion):
+            raise TypeError(
+                f"`stopping_criteria[{index}]` must be callable as (input_ids, scores) -> bool tensor (batch,), "
+                f"got {type(criterion).__name__}."
+            )
+        result.append(criterion)
+    return result
+
+
+def _inferred_mask(host: ProcessorHost, input_ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+    """HF's `_prepare_attention_mask_for_generation` (its signature differs between versions)."""
+    import inspect
+
+    parameters = inspect.signature(host._prepare_attention_mask_for_generation).parameters
+    ids = input_ids.long()
+    if "generation_config" in parameters:
+        return host._prepare_attention_mask_for_generation(ids, config, {})
+    return host._prepare_attention_mask_for_generation(ids, config._pad_token_tensor, config._eos_token_tensor)
+
+
+def _expand(value: Any, batch: int, expand: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == batch:
+        return value.repeat_interleave(expand, dim=0)
+    return value
+
+
+def _progress_bar(progress: bool, total: int):
+    if not progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("`progress=True` needs tqdm: pip install tqdm (or hfbridge[notebooks]).") from None
+    return tqdm(total=total, desc="generate", unit="tok")
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: keep the note where 3.11 would put it
+        error.__notes__ = [*getattr(error, "__notes__", []), note]
+
+
+def _at_step(step: int, action: Callable[[], Any]) -> Any:
+    """Run `action`; a `ValueError`/`TypeError` of hfbridge's checks gets the step number in front."""
+    try:
+        return action()
+    except (ValueError, TypeError) as error:
+        raise type(error)(f"generate(): at step {step}: {error}") from None
+
+
+def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, expand: int) -> torch.Tensor:
+    logits = _at_step(step, lambda: extract_logits(output))
+    rows = _at_step(step, lambda: sampler.rows(logits))
+    if rows.shape[0] != expected:
+        layout = Layout.for_tensor(logits, sampler.layout).pattern
+        raise ValueError(
+            f"generate(): at step {step} the model returned logits of shape {tuple(logits.shape)} (layout "
+            f"{layout!r}), which give {rows.shape[0]} rows, expected {expected}: one per sequence "
+            f"({batch} prompts x num_return_sequences={expand})."
+        )
+    return rows
+
+
+def _next_tokens(sampler: Sampler, input_ids: torch.LongTensor, rows: torch.Tensor,
+                 keep_scores: bool) -> tuple[torch.LongTensor, torch.Tensor | None]:
+    if sampler.fast and sampler.do_sample and not keep_scores:
+        from ._fast import fast_sample
+
+        return fast_sample(input_ids, rows, sampler._processors_on(rows.device), sampler.generator), None
+    scores = sampler.process(input_ids, rows)  # [N, V]
+    return sampler.choose(scores), scores

@@ -1,0 +1,402 @@
+"""Model adapters: how `generate` calls your model at each step.
+
+A model is anything callable that returns logits. What differs between models is what they take
+at each step, and what they carry from one step to the next:
+
+| adapter | calls | per step it feeds |
+| --- | --- | --- |
+| `Recompute` (any plain callable) | `model(input_ids[, attention_mask=...])` | the whole sequence (or its last `max_context` tokens) |
+| `InputPos` (gpt-fast) | `model(idx, input_pos)` | the prompt once, then the new token; the cache lives in the model |
+| `ReturnsCache` | `model(input_ids, cache) -> (logits, cache)` | the prompt once, then the new token and the returned cache |
+| `Hooks` | `model(**prepare_inputs(input_ids, **state))` | whatever your hooks say (HF's `prepare_inputs_for_generation` / `_update_model_kwargs_for_generation`) |
+
+Every adapter keeps a per-call `state` dict. `generate` owns one entry, `"attention_mask"`, the
+`(batch, seq)` mask of the whole sequence so far (prompt padding as 0, every generated token as
+1); the keyword arguments of `generate` that are not generation options start in it too, as model
+inputs (after `num_return_sequences` expansion, as in HF).
+
+>>> import torch
+>>> from hfbridge import Recompute, generate
+>>> table = torch.randn(8, 8)
+>>> def bigram(input_ids):                                  # [B, T] -> [B, T, V]
+...     return table[input_ids]
+>>> generate(Recompute(bigram, max_context=1), torch.tensor([[3]]), max_new_tokens=2).shape
+torch.Size([1, 3])
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+# Keys the built-in adapters keep in the state for themselves.
+_FED = "_fed"  # how many tokens of the sequence the model has already seen (its cache length)
+_CACHE = "_cache"  # the cache a `ReturnsCache` model returned last
+
+
+class AdapterTypeError(TypeError):
+    """A model or hook returned something its adapter cannot use (`generate` adds the step number)."""
+
+
+def call_signature(model: Any) -> inspect.Signature | None:
+    """The signature a call of `model` goes through (`forward` for an `nn.Module`), or None."""
+    target = model
+    if isinstance(model, torch.nn.Module):
+        # torch.compile wraps the module; its own forward takes (*args, **kwargs).
+        target = getattr(model, "_orig_mod", model).forward
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+
+
+def accepts(signature: inspect.Signature | None, name: str, *, explicitly: bool = False) -> bool:
+    """Whether a call with `signature` takes the keyword argument `name`.
+
+    With `explicitly=True` a `**kwargs` catch-all does not count. An unknown signature takes anything
+    (and nothing explicitly).
+    """
+    if signature is None:
+        return not explicitly
+    parameter = signature.parameters.get(name)
+    if parameter is not None and parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.VAR_POSITIONAL):
+        return True
+    if explicitly:
+        return False
+    return any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+def _parameter_list(signature: inspect.Signature | None) -> str:
+    if signature is None:
+        return "unknown"
+    return ", ".join(str(p) for p in signature.parameters.values()) or "none"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+class ModelAdapter:
+    """Base class of the adapters: how one model is called and what it carries between steps.
+
+    `generate` calls `start` once, then at every step `forward` (the model call) and `update`
+    (carry outputs forward), and hands `logits(outputs)` to the sampling step.
+
+    Args:
+        model: The model: any callable (an `nn.Module`, a function, a compiled module).
+    """
+
+    #: Model inputs that the adapter itself supplies; `generate` keyword arguments may not use them.
+    reserved: tuple[str, ...] = ()
+
+    def __init__(self, model: Callable[..., Any]):
+        if isinstance(model, ModelAdapter):
+            raise TypeError(
+                f"`model` is already a {type(model).__name__} adapter; pass the model itself to "
+                f"{type(self).__name__}(...)."
+            )
+        if not callable(model):
+            raise TypeError(f"`model` must be callable (an nn.Module or a function), got {type(model).__name__}.")
+        self.model = model
+        self.signature = call_signature(model)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({getattr(self.model, '__name__', type(self.model).__name__)})"
+
+    def check_inputs(self, names: list[str]) -> None:
+        """Raise `TypeError` when the model cannot take the model inputs `names` as keywords."""
+        for name in names:
+            if name in self.reserved or name == "attention_mask":
+                raise TypeError(
+                    f"generate() got the model input `{name}`, but {type(self).__name__} supplies `{name}` itself; "
+                    "remove it from the call."
+                )
+            if not accepts(self.signature, name):
+                raise TypeError(
+                    f"generate() got `{name}`, which is neither a generation option nor an input the model accepts "
+                    f"(the model's parameters: {_parameter_list(self.signature)})."
+                )
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+              model_inputs: dict[str, Any]) -> dict[str, Any]:
+        """The state before the first call: the mask, the model inputs and the adapter's own entries."""
+        self.check_inputs(list(model_inputs))
+        return {"attention_mask": attention_mask, **model_inputs, _FED: 0}
+
+    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+        """Call the model for the next token of every row of `input_ids` `(batch, seq)`."""
+        raise NotImplementedError
+
+    def update(self, outputs: Any, input_ids: torch.LongTensor, state: dict[str, Any]) -> dict[str, Any]:
+        """The state after the model returned `outputs` for the sequence `input_ids`."""
+        state[_FED] = input_ids.shape[1]
+        return state
+
+    def logits(self, outputs: Any) -> Any:
+        """The logits-like part of `outputs` (a tensor, tuple, mapping or `ModelOutput`)."""
+        return outputs
+
+    def cache(self, state: dict[str, Any]) -> Any:
+        """The cache to return as `past_key_values` in `GenerateDecoderOnlyOutput`, if any."""
+        return None
+
+    @staticmethod
+    def model_inputs(state: dict[str, Any]) -> dict[str, Any]:
+        """The extra model inputs in `state` (everything but the mask and the adapter's own keys)."""
+        return {k: v for k, v in state.items() if k != "attention_mask" and not k.startswith("_")}
+
+
+class Recompute(ModelAdapter):
+    """A plain callable that recomputes the whole sequence at every step (nanoGPT, minGPT, ...).
+
+    Each step calls `model(input_ids, **model_inputs)` with the whole sequence so far, `(batch, seq)`,
+    and uses the logits of its last position. When the model's signature names an `attention_mask`
+    parameter it also receives `attention_mask=`, the `(batch, seq)` mask of the whole sequence
+    (0 on left padding). Passing a plain callable to `generate` wraps it in `Recompute`.
+
+    Args:
+        model: `model(input_ids, ...) -> logits`; logits `(batch, seq, vocab)` by default (see
+            `generate`'s `layout=` for others), or a tuple / mapping / `ModelOutput` holding them.
+        max_context: Feed at most the last `max_context` tokens (and mask columns), for models
+            with a fixed context window (nanoGPT's `block_size`). Default: the whole sequence.
+
+    >>> import torch
+    >>> from hfbridge import Recompute, generate
+    >>> head = torch.nn.Linear(4, 10)
+    >>> def model(input_ids):                    # [B, T] -> [B, T, V]
+    ...     features = torch.nn.functional.one_hot(input_ids % 4, 4).float()
+    ...     return head(features)
+    >>> out = generate(Recompute(model, max_context=8), torch.tensor([[1, 2, 3]]), max_new_tokens=4)
+    >>> out.shape
+    torch.Size([1, 7])
+    """
+
+    def __init__(self, model: Callable[..., Any], *, max_context: int | None = None):
+        super().__init__(model)
+        if max_context is not None and (
+            not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 1
+        ):
+            raise ValueError(f"`max_context` must be a positive int (the model's context window), got {max_context!r}.")
+        self.max_context = max_context
+        self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
+
+    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+        kwargs = self.model_inputs(state)
+        ids = input_ids  # [B, T]
+        mask = state["attention_mask"]  # [B, T]
+        if self.max_context is not None:
+            ids, mask = ids[:, -self.max_context:], mask[:, -self.max_context:]
+        if self.takes_mask:
+            kwargs["attention_mask"] = mask
+        return self.model(ids, **kwargs)
+
+
+class InputPos(ModelAdapter):
+    """A gpt-fast style model with an internal KV cache: `model(idx, input_pos) -> logits`.
+
+    The first call feeds the prompt, `idx` `(batch, prompt_len)` with `input_pos = arange(prompt_len)`;
+    each later call feeds only the new token, `idx` `(batch, 1)` with `input_pos = tensor([position])`,
+    exactly as gpt-fast's `prefill` / `decode_one_token`. Set up the model's caches before calling
+    `generate` (gpt-fast: `model.setup_caches(max_batch_size, max_seq_length)`). Such models take no
+    attention mask, so left-padded batches are refused: use `ReturnsCache` or `Hooks` for those.
+
+    Args:
+        model: `model(idx, input_pos, **model_inputs) -> logits` of shape `(batch, seq, vocab)`.
+
+    >>> import torch
+    >>> from hfbridge import InputPos, generate
+    >>> class Counter(torch.nn.Module):           # "predicts" position + 1; no real cache needed
+    ...     def forward(self, idx, input_pos):
+    ...         return torch.nn.functional.one_hot(input_pos + 1, 16).float().expand(idx.shape[0], -1, -1)
+    >>> generate(InputPos(Counter()), torch.tensor([[0, 1, 2]]), max_new_tokens=3).tolist()
+    [[0, 1, 2, 3, 4, 5]]
+    """
+
+    reserved = ("input_pos",)
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+              model_inputs: dict[str, Any]) -> dict[str, Any]:
+        if bool((attention_mask == 0).any()):
+            raise ValueError(
+                "`attention_mask` has padding (zeros), but an InputPos model (model(idx, input_pos)) takes no "
+                "attention mask and would attend to the padding. Generate row by row, or wrap the model in "
+                "ReturnsCache/Hooks with an `attention_mask` parameter."
+            )
+        return super().start(input_ids, attention_mask, model_inputs)
+
+    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+        fed = state[_FED]
+        ids = input_ids[:, fed:]  # [B, S]: the prompt first, then one token
+        input_pos = torch.arange(fed, input_ids.shape[1], device=input_ids.device)  # [S]
+        return self.model(ids, input_pos, **self.model_inputs(state))
+
+
+class ReturnsCache(ModelAdapter):
+    """A model that returns its cache and takes it back: `model(input_ids, cache) -> (logits, cache)`.
+
+    The first call feeds the whole prompt with `cache=None`; each later call feeds only the new
+    token, `(batch, 1)`, with the cache the previous call returned (any object: a tuple of tensors,
+    an HF `DynamicCache`, ...). The cache is passed as the second positional argument. When the
+    model's signature names an `attention_mask` parameter it also receives the `(batch, seq)` mask
+    of the whole sequence so far (including the new token), as HF models expect.
+
+    Args:
+        model: `model(input_ids, cache, **model_inputs) -> (logits, cache)`.
+
+    >>> import torch
+    >>> from hfbridge import ReturnsCache, generate
+    >>> table = torch.randn(10, 10)
+    >>> def model(input_ids, cache):              # the "cache" counts the tokens seen so far
+    ...     seen = (0 if cache is None else cache) + input_ids.shape[1]
+    ...     return table[input_ids], seen
+    >>> out = generate(ReturnsCache(model), torch.tensor([[1, 2]]), max_new_tokens=3,
+    ...                return_dict_in_generate=True)
+    >>> out.sequences.shape, out.past_key_values
+    (torch.Size([1, 5]), 4)
+    """
+
+    def __init__(self, model: Callable[..., Any]):
+        super().__init__(model)
+        self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+              model_inputs: dict[str, Any]) -> dict[str, Any]:
+        state = super().start(input_ids, attention_mask, model_inputs)
+        state[_CACHE] = None
+        return state
+
+    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+        ids = input_ids[:, state[_FED]:]  # [B, S]: the prompt first, then one token
+        kwargs = self.model_inputs(state)
+        if self.takes_mask:
+            kwargs["attention_mask"] = state["attention_mask"]  # [B, T]: the whole sequence
+        return self.model(ids, state[_CACHE], **kwargs)
+
+    def update(self, outputs: Any, input_ids: torch.LongTensor, state: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(outputs, (tuple, list)) or len(outputs) != 2:
+            raise AdapterTypeError(
+                f"a ReturnsCache model must return a pair (logits, cache), got {_describe(outputs)}; "
+                "return `logits, cache` (or use Recompute for a model that returns only logits)."
+            )
+        state[_CACHE] = outputs[1]
+        return super().update(outputs, input_ids, state)
+
+    def logits(self, outputs: Any) -> Any:
+        return outputs[0]
+
+    def cache(self, state: dict[str, Any]) -> Any:
+        return state.get(_CACHE)
+
+
+class Hooks(ModelAdapter):
+    """Any model, with HF-style hooks that build each call and carry the model's outputs forward.
+
+    Mirrors HF's `prepare_inputs_for_generation` and `_update_model_kwargs_for_generation`:
+    before every call, `prepare_inputs(input_ids, **state)` returns the keyword arguments of
+    `model(**kwargs)`; after it, `update_state(outputs, state)` returns the state for the next step
+    (for example with the cache the model returned). `state` starts with `"attention_mask"` (kept
+    up to date by `generate`: the mask of the whole sequence so far) and the extra keyword arguments
+    given to `generate`; `update_state` may add anything.
+
+    Args:
+        model: Called as `model(**prepare_inputs(input_ids, **state))`; returns logits, a tuple whose
+            first item is the logits, a mapping with `"logits"` or a `ModelOutput`.
+        prepare_inputs: `(input_ids, **state) -> dict` of call keyword arguments; `input_ids` is the
+            whole sequence so far, `(batch, seq)`.
+        update_state: `(outputs, state) -> state`, called after every model call. Default: keep
+            the state as it is.
+
+    >>> import torch
+    >>> from hfbridge import Hooks, generate
+    >>> def model(tokens, bonus):                         # bonus: [B, V] added at every step
+    ...     return torch.zeros(tokens.shape[0], tokens.shape[1], 6) + bonus[:, None, :]
+    >>> def prepare_inputs(input_ids, *, bonus, step=0, **state):
+    ...     return {"tokens": input_ids, "bonus": bonus.roll(step, dims=-1)}
+    >>> def update_state(outputs, state):
+    ...     return {**state, "step": state.get("step", 0) + 1}
+    >>> bonus = torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    >>> generate(Hooks(model, prepare_inputs, update_state), torch.tensor([[0]]),
+    ...          max_new_tokens=3, bonus=bonus).tolist()
+    [[0, 1, 2, 3]]
+    """
+
+    def __init__(self, model: Callable[..., Any], prepare_inputs: Callable[..., Mapping[str, Any]],
+                 update_state: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None):
+        super().__init__(model)
+        if not callable(prepare_inputs):
+            raise TypeError(
+                f"`prepare_inputs` must be callable as prepare_inputs(input_ids, **state) -> dict, "
+                f"got {type(prepare_inputs).__name__}."
+            )
+        if update_state is not None and not callable(update_state):
+            raise TypeError(
+                f"`update_state` must be callable as update_state(outputs, state) -> state, "
+                f"got {type(update_state).__name__}."
+            )
+        self.prepare_inputs = prepare_inputs
+        self.update_state = update_state
+        self.hook_signature = call_signature(prepare_inputs)
+
+    def check_inputs(self, names: list[str]) -> None:
+        for name in names:
+            if name == "attention_mask":
+                raise TypeError(
+                    "generate() got the model input `attention_mask` twice: pass it as generate(..., attention_mask=...) "
+                    "only; it reaches prepare_inputs in the state."
+                )
+            if not accepts(self.hook_signature, name):
+                raise TypeError(
+                    f"generate() got `{name}`, which is neither a generation option nor a state entry that "
+                    f"prepare_inputs accepts (its parameters: {_parameter_list(self.hook_signature)})."
+                )
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+              model_inputs: dict[str, Any]) -> dict[str, Any]:
+        self.check_inputs(list(model_inputs))
+        return {"attention_mask": attention_mask, **model_inputs}
+
+    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+        kwargs = self.prepare_inputs(input_ids, **state)
+        if not isinstance(kwargs, Mapping):
+            raise AdapterTypeError(
+                f"prepare_inputs must return a dict of keyword arguments for the model, got {_describe(kwargs)}."
+            )
+        refused = [name for name in kwargs if not accepts(self.signature, name)]
+        if refused:
+            raise AdapterTypeError(
+                f"prepare_inputs returned `{refused[0]}`, which the model does not accept "
+                f"(the model's parameters: {_parameter_list(self.signature)})."
+            )
+        return self.model(**kwargs)
+
+    def update(self, outputs: Any, input_ids: torch.LongTensor, state: dict[str, Any]) -> dict[str, Any]:
+        if self.update_state is None:
+            return state
+        new_state = self.update_state(outputs, state)
+        if not isinstance(new_state, dict):
+            raise AdapterTypeError(f"update_state must return the state dict, got {_describe(new_state)}.")
+        return new_state
+
+
+def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:
+    """`model` if it is an adapter already, else `Recompute(model, max_context=max_context)`."""
+    if isinstance(model, ModelAdapter):
+        if max_context is not None:
+            if not isinstance(model, Recompute):
+                raise TypeError(
+                    f"`max_context` applies to plain callables (Recompute), but `model` is a {type(model).__name__}."
+                )
+            if model.max_context is not None and model.max_context != max_context:
+                raise ValueError(
+                    f"`max_context`={max_context} disagrees with the Recompute adapter's max_context={model.max_context}."
+                )
+            return Recompute(model.model, max_context=max_context)
+        return model
+    return Recompute(model, max_context=max_context)
