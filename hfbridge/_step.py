@@ -140,14 +140,17 @@ class Sampler:
         layout = Layout.for_tensor(logits, self.layout)
         layout.check(logits)
         batch_shape = layout.batch_shape(logits)
-        rows = self.rows(logits)
-        ids = self.input_rows(input_ids, rows, batch_shape=batch_shape)
+        view = self._last_rows(logits, layout)  # [N, V], the caller's memory
+        ids = self.input_rows(input_ids, view, batch_shape=batch_shape)
+        processors = self._processors_on(view.device)
         if self.fast and self.do_sample:
             from ._fast import fast_sample
 
-            tokens = fast_sample(ids, rows, self._processors_on(rows.device), self.generator)
+            tokens = fast_sample(ids, self._float_copy(view), processors, self.generator)
+        elif not processors and not self.do_sample:
+            tokens = self.choose(view)  # plain argmax reads the logits without copying them
         else:
-            tokens = self.choose(self.process(ids, rows))
+            tokens = self.choose(self.process(ids, self._float_copy(view)), raw=view)
         return layout.from_rows(tokens, batch_shape)
 
     def rows(self, logits: Any) -> torch.Tensor:
@@ -156,25 +159,45 @@ class Sampler:
         Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
         """
         logits = extract_logits(logits)
-        rows = Layout.for_tensor(logits, self.layout).to_rows(logits)  # [N, V_padded]
+        rows = self._float_copy(self._last_rows(logits, Layout.for_tensor(logits, self.layout)))
+        bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
+        if bool(bad.any()):
+            self._raise_bad_rows(bad, rows)
+        return rows
+
+    def _last_rows(self, logits: torch.Tensor, layout: Layout) -> torch.Tensor:
+        rows = layout.to_rows(logits)  # [N, V_padded], a view where possible
         columns = rows.shape[-1]
-        if self.vocab_size is not None:
-            if self.vocab_size > columns:
-                raise ValueError(
-                    f"`vocab_size`={self.vocab_size} but the logits have only {columns} vocabulary columns "
-                    f"(shape {tuple(logits.shape)})."
-                )
-            rows = rows[:, : self.vocab_size]
+        if self.vocab_size is None:
+            return rows
+        if self.vocab_size > columns:
+            raise ValueError(
+                f"`vocab_size`={self.vocab_size} but the logits have only {columns} vocabulary columns "
+                f"(shape {tuple(logits.shape)})."
+            )
+        return rows[:, : self.vocab_size]
+
+    @staticmethod
+    def _float_copy(rows: torch.Tensor) -> torch.Tensor:
         # float32 as HF upcasts; copy=True so that in-place processors never reach the caller's tensor.
-        rows = rows.to(dtype=torch.float32, copy=True)  # [N, V]
-        nan_rows = torch.isnan(rows).any(dim=-1)
+        return rows.to(dtype=torch.float32, copy=True)
+
+    def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor) -> None:
+        """Explain rows left with nothing to choose: NaN in the model's logits, or over-eager processors."""
+        nan_rows = torch.isnan(raw).any(dim=-1)
         if bool(nan_rows.any()):
             first = int(nan_rows.nonzero()[0, 0])
             raise ValueError(
-                f"`logits` contain NaN in row {first} ({int(nan_rows.sum())} of {rows.shape[0]} rows have NaN); "
+                f"`logits` contain NaN in row {first} ({int(nan_rows.sum())} of {raw.shape[0]} rows have NaN); "
                 "check the model's forward pass (overflow in fp16?)."
             )
-        return rows
+        first = int(bad.nonzero()[0, 0])
+        names = [type(p).__name__ for p in self._processors]
+        raise ValueError(
+            f"the logits processors {names} removed every token of row {first}: nothing is left to "
+            "choose (a row can also start all -inf or NaN). Relax the options, e.g. `bad_words_ids`, "
+            "`suppress_tokens` or `min_p`."
+        )
 
     def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
                    *, batch_shape: tuple[int, ...] | None = None) -> torch.LongTensor:
@@ -236,27 +259,28 @@ class Sampler:
             )
 
     def process(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        """Run the processors on `(rows, vocab)` scores; raise if they leave a row with no token."""
-        scores = self._processors_on(scores.device)(input_ids, scores)  # [N, V]
-        empty = ~(scores > float("-inf")).any(dim=-1)
-        if bool(empty.any()):
-            first = int(empty.nonzero()[0, 0])
-            names = [type(p).__name__ for p in self._processors]
-            raise ValueError(
-                f"the logits processors {names} removed every token of row {first}: nothing is left to "
-                "choose (a row can also start all -inf or NaN). Relax the options, e.g. `bad_words_ids`, "
-                "`suppress_tokens` or `min_p`."
-            )
-        return scores
+        """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
+        return self._processors_on(scores.device)(input_ids, scores)  # [N, V]
 
-    def choose(self, scores: torch.Tensor) -> torch.LongTensor:
-        """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`."""
+    def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.LongTensor:
+        """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.
+
+        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN); `raw`, the
+        logits before processing, tells NaN from the model apart from processors that removed all.
+        """
         if not self.do_sample:
-            return torch.argmax(scores, dim=-1)
+            best, tokens = scores.max(dim=-1)  # the max doubles as the validity check
+            self._check_best(best, scores if raw is None else raw)
+            return tokens
         self._check_generator(scores.device)
+        self._check_best(scores.amax(dim=-1), scores if raw is None else raw)
         probs = torch.nn.functional.softmax(scores, dim=-1)
         return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
 
+    def _check_best(self, best: torch.Tensor, raw: torch.Tensor) -> None:
+        bad = torch.isnan(best) | (best == float("-inf"))
+        if bool(bad.any()):
+            self._raise_bad_rows(bad, raw)
 
 def sample_step(
     logits: Any,
