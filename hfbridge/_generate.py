@@ -12,8 +12,11 @@ One call of `generate`, in order (the numbers follow HF's `generate`):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
+import inspect
+import logging
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.utils import logging as hf_logging
 
 from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
@@ -184,14 +188,15 @@ def generate(
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
         )
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
-    sampler = Sampler(sampler_config, processors=processors, layout=layout, vocab_size=vocab_size,
-                      generator=generator, prompt_length=prompt_length, attention_mask=padding, fast=fast)
+    with _quiet_hf():  # the config is prepared already: preparing it again would repeat HF's warnings
+        sampler = Sampler(sampler_config, processors=processors, layout=layout, vocab_size=vocab_size,
+                          generator=generator, prompt_length=prompt_length, attention_mask=padding, fast=fast)
     state = adapter.start(sequences, mask, model_inputs)
 
     return_dict = bool(config.return_dict_in_generate)
     scores = () if return_dict and config.output_scores else None
     raw_logits = () if return_dict and config.output_logits else None
-    keep_scores = scores is not None
+    use_fast = sampler.fast and sampler.do_sample and scores is None  # the fused path keeps no scores
 
     if streamer is not None:
         streamer.put(sequences.cpu())
@@ -223,11 +228,12 @@ def generate(
                     f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
                     f"but {vocab} at step 0; the vocabulary size must stay the same."
                 )
-            tokens, step_scores = _at_step(step, lambda: _next_tokens(sampler, sequences, rows, keep_scores))
+            if raw_logits is not None:
+                # HF keeps the very tensor its processors receive; the fused path overwrites it, so copy
+                raw_logits += (rows.clone() if use_fast else rows,)
+            tokens, step_scores = _at_step(step, lambda: _next_tokens(sampler, sequences, rows, use_fast))
             if scores is not None:
                 scores += (step_scores,)
-            if raw_logits is not None:
-                raw_logits += (rows,)
             if pads_finished_rows:
                 # finished sentences get the padding token, as HF's `_sample`
                 tokens = tokens * unfinished + pad_token * (1 - unfinished)
@@ -256,6 +262,18 @@ def generate(
             past_key_values=adapter.cache(state),
         )
     return sequences
+
+
+@contextlib.contextmanager
+def _quiet_hf():
+    """Silence transformers' generation logger (warnings it already gave for this call)."""
+    logger = hf_logging.get_logger("transformers.generation.utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _check_input_ids(input_ids: Any) -> None:
@@ -375,8 +393,6 @@ def _criteria_list(stopping_criteria: Iterable[Callable] | None) -> StoppingCrit
 
 def _inferred_mask(host: ProcessorHost, input_ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
     """HF's `_prepare_attention_mask_for_generation` (its signature differs between versions)."""
-    import inspect
-
     parameters = inspect.signature(host._prepare_attention_mask_for_generation).parameters
     ids = input_ids.long()
     if "generation_config" in parameters:
@@ -429,10 +445,11 @@ def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, e
 
 
 def _next_tokens(sampler: Sampler, input_ids: torch.LongTensor, rows: torch.Tensor,
-                 keep_scores: bool) -> tuple[torch.LongTensor, torch.Tensor | None]:
-    if sampler.fast and sampler.do_sample and not keep_scores:
+                 use_fast: bool) -> tuple[torch.LongTensor, torch.Tensor | None]:
+    """`(tokens, scores)` for one step; `scores` is None on the fused path."""
+    if use_fast:
         from ._fast import fast_sample
 
         return fast_sample(input_ids, rows, sampler._processors_on(rows.device), sampler.generator), None
     scores = sampler.process(input_ids, rows)  # [N, V]
-    return sampler.choose(scores), scores
+    return sampler.choose(scores, raw=rows), scores
