@@ -132,6 +132,12 @@ def generate(
         except TypeError as error:
             raise TypeError(f"{error}{_did_you_mean(name)}") from None
     _check_lengths(options, generation_config)
+    for name in ("output_attentions", "output_hidden_states"):
+        if options.get(name, getattr(generation_config, name, False)):
+            raise ValueError(
+                f"`{name}=True` needs the model's internals, which generate() does not see; collect them in your "
+                "model (e.g. with Hooks' update_state) instead."
+            )
     _check_streamer(streamer)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
@@ -362,12 +368,6 @@ def _check_config(config: GenerationConfig, tokenizer: Any) -> None:
             f"(num_beams={config.num_beams}, penalty_alpha={config.penalty_alpha}), which it does not support. "
             "Use num_beams=1 and no penalty_alpha / constraints / force_words_ids."
         )
-    for name in ("output_attentions", "output_hidden_states"):
-        if getattr(config, name, False):
-            raise ValueError(
-                f"`{name}=True` needs the model's internals, which generate() does not see; collect them in your "
-                "model (e.g. with Hooks' update_state) instead."
-            )
     if config.stop_strings is not None and tokenizer is None:
         raise ValueError(
             f"`stop_strings`={config.stop_strings!r} needs `tokenizer=`: HF's StopStringCriteria matches the "

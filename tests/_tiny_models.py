@@ -192,3 +192,21 @@ class TinyCached(torch.nn.Module):
         order = torch.arange(attention_mask.shape[1]).expand_as(attention_mask)
         allowed = _allowed(order[:, -new:], order, attention_mask)
         return self.core.attend(x, q, k, v, allowed), (k, v)
+
+
+# ---------------------------------------------------------------------------------------------
+# A character-level tokenizer built locally with the `tokenizers` library.
+# ---------------------------------------------------------------------------------------------
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz {}\":,0123456789.")
+
+
+def char_tokenizer():
+    """`<eos>`=0, `<pad>`=1, then one token per character of `CHARS` (45 tokens in all)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(["<eos>", "<pad>"] + CHARS)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
