@@ -5,6 +5,7 @@ first model call where the input alone is wrong). Parity with HF models: test_ge
 
 from __future__ import annotations
 
+import doctest
 import re
 import threading
 import time
@@ -22,6 +23,9 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 from transformers.utils import logging as hf_logging
 
+import hfbridge
+import hfbridge._generate
+import hfbridge._models
 from hfbridge._generate import generate
 from hfbridge._models import Hooks, InputPos, Recompute, ReturnsCache
 
@@ -627,3 +631,13 @@ def test_adapter_construction_errors():
     with pytest.raises(TypeError, match=re.escape("`max_context` applies to plain callables (Recompute), but "
                                                   "`model` is a ReturnsCache.")):
         generate(ReturnsCache(Counting()), PROMPT, max_new_tokens=2, max_context=4)
+
+
+@pytest.mark.parametrize("module", [hfbridge._generate, hfbridge._models], ids=lambda module: module.__name__)
+def test_docstring_examples(module):
+    missing = [name for name in ("generate", "Recompute", "InputPos", "ReturnsCache", "Hooks")
+               if not hasattr(hfbridge, name)]
+    if missing:
+        pytest.skip(f"the examples import {missing} from hfbridge, which does not export them yet")
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
