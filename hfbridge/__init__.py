@@ -6,17 +6,28 @@
 [1]
 """
 
+from ._explain import StepTrace, explain_step
+from ._generate import generate
 from ._layout import Layout, from_rows, to_rows
+from ._models import Hooks, InputPos, ModelAdapter, Recompute, ReturnsCache
 from ._processors import build_processors
 from ._step import Sampler, sample_step
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Hooks",
+    "InputPos",
     "Layout",
+    "ModelAdapter",
+    "Recompute",
+    "ReturnsCache",
     "Sampler",
+    "StepTrace",
     "build_processors",
+    "explain_step",
     "from_rows",
+    "generate",
     "sample_step",
     "to_rows",
 ]
