@@ -260,7 +260,9 @@ def explain_step(
         tokenizer: A HF tokenizer to show tokens as text. Default: ``None`` (ids are shown).
         top: How many tokens to record per stage. Default: ``10``.
         row: Which row of the batch to explain (rows as the layout flattens them). Default: ``0``.
-        **options: Everything `sample_step` / `Sampler` accepts.
+        **options: Everything `sample_step` / `Sampler` accepts. Each processor runs once, so a
+            stateful one passed in ``processors=`` (a grammar matcher) has taken one step
+            afterwards: give `generate` a fresh one.
 
     Returns:
         A `StepTrace`: rich HTML in Jupyter, a text table with ``print``, and ``.plot()``.
@@ -292,16 +294,24 @@ def explain_step(
     stages = [_stage("input", {}, scores[row], top)]
     for processor in processors:
         # Processors may edit their input in place; each recorded stage keeps its own copy.
+        params = _processor_params(processor)  # before the call: settings, not state it builds
         scores = processor(ids, scores.clone())
-        stages.append(_stage(type(processor).__name__, _processor_params(processor), scores[row], top))
-    # Choose for every row through the step's own path (which also rejects a row left with no
-    # token), so a seeded generator draws the token `sample_step` would.
+        stages.append(_stage(type(processor).__name__, params, scores[row], top))
+    empty = ~(scores > float("-inf")).any(dim=-1)
+    if bool(empty.any()):
+        first = int(empty.nonzero()[0, 0])
+        raise ValueError(
+            f"the logits processors {[type(p).__name__ for p in processors]} removed every token of row {first}: "
+            "nothing is left to choose. Relax the options, e.g. `bad_words_ids`, `suppress_tokens` or `min_p`."
+        )
+    # Choose for every row, as the step does, so a seeded generator draws the token `sample_step` would.
+    # The processors are not run again: stateful ones (grammar matchers) must see each step once.
     if sampler.fast and sampler.do_sample:
         from ._fast import fast_sample
 
         tokens = fast_sample(ids, rows, processors, sampler.generator)
     else:
-        tokens = sampler.choose(sampler.process(ids, rows))
+        tokens = sampler.choose(scores)
     return StepTrace(
         stages=stages,
         token=int(tokens[row]),
@@ -331,24 +341,33 @@ def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) ->
 
 
 def _processor_params(processor: Any) -> dict[str, Any]:
-    """The processor's public settings, readable: numbers, flags, short id lists."""
+    """The processor's public settings, readable: numbers, flags, strings, short lists of them.
+
+    Anything else (internal objects, big tensors, functions) is left out, so third-party
+    processors show their plain settings and no internals.
+    """
     params: dict[str, Any] = {}
     for name, value in vars(processor).items():
         if name.startswith("_") or name == "filter_value" or value is None:
             continue
         if isinstance(value, torch.Tensor):
-            if value.numel() > _MAX_LIST_PARAM:
-                value = f"<{value.numel()} values>"
-            else:
-                value = value.item() if value.dim() == 0 else value.tolist()
-        elif isinstance(value, (list, tuple, set)):
+            if value.numel() > _MAX_LIST_PARAM or value.is_floating_point() and value.dim() > 0:
+                continue
+            value = value.item() if value.dim() == 0 else value.tolist()
+        elif isinstance(value, (list, tuple)):
+            if not value or len(value) > _MAX_LIST_PARAM or not all(_is_plain(v) for v in value):
+                continue
             value = list(value)
-            if len(value) > _MAX_LIST_PARAM:
-                value = f"<{len(value)} values>"
-        elif not isinstance(value, (bool, int, float, str)):
+        elif not _is_plain(value):
             continue
         params[name] = value
     return params
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return len(value) <= _MAX_LIST_PARAM and all(isinstance(v, (bool, int, float, str)) for v in value)
+    return isinstance(value, (bool, int, float, str))
 
 
 def _format_value(value: Any) -> str:
