@@ -43,12 +43,9 @@ def _stream(model, tokenizer, prompt_ids: torch.Tensor, options: dict, args: arg
     """Generate for one setting, printing the text as tokens arrive; returns the sequence."""
     from transformers import TextStreamer
 
-    from hfbridge._generate import generate
-    from hfbridge._models import ReturnsCache
-
     # The stateful form: the prompt is fed once, then one token per call with the KV cache.
-    return generate(
-        ReturnsCache(model.forward_cached),
+    return hfbridge.generate(
+        hfbridge.ReturnsCache(model.forward_cached),
         prompt_ids,
         max_new_tokens=args.max_new_tokens,
         eos_token_id=tokenizer.eos_token_id,
@@ -61,7 +58,6 @@ def _stream(model, tokenizer, prompt_ids: torch.Tensor, options: dict, args: arg
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run ``python -m hfbridge demo`` with parsed ``args``; returns the exit status."""
-    from hfbridge._explain import explain_step
     from hfbridge.demo import load_demo_model, load_demo_tokenizer
 
     torch.set_num_threads(args.threads)
@@ -95,7 +91,7 @@ def run_demo(args: argparse.Namespace) -> int:
         }
         with torch.no_grad():
             logits = model(prompt_ids)
-        trace = explain_step(logits, prompt_ids, tokenizer=tokenizer, top=args.explain_top, **explain_options)
+        trace = hfbridge.explain_step(logits, prompt_ids, tokenizer=tokenizer, top=args.explain_top, **explain_options)
         print("\n--- what the processors did to the first step (all three options together) ---")
         print(trace)
     print(f"\ndone in {time.perf_counter() - start:.1f}s")

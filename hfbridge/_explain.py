@@ -47,10 +47,10 @@ class Stage:
 
     @property
     def label(self) -> str:
-        """``Name(param=value, ...)``, or ``input``."""
-        if not self.params:
+        """``Name(param=value, ...)``, or ``input`` (HF's default ``min_tokens_to_keep=1`` is not shown)."""
+        if not _shown(self.params):
             return self.name
-        return f"{self.name}({', '.join(f'{k}={_format_value(v)}' for k, v in self.params.items())})"
+        return f"{self.name}({_params_text(self.params)})"
 
     @property
     def short_name(self) -> str:
@@ -125,7 +125,7 @@ class StepTrace:
 
     def _repr_html_(self) -> str:
         head = "".join(
-            f"<th style='text-align:left;vertical-align:top'>[{n}] {html.escape(s.short_name)}"
+            f"<th style='text-align:left;vertical-align:top;padding:2px 10px 2px 4px'>[{n}] {html.escape(s.short_name)}"
             f"<br><span style='font-weight:normal;font-size:85%'>{html.escape(_params_text(s.params))}</span></th>"
             for n, s in enumerate(self.stages)
         )
@@ -139,12 +139,18 @@ class StepTrace:
                     continue
                 token_id, score, prob = stage.top_ids[rank], stage.top_scores[rank], stage.top_probs[rank]
                 chosen = token_id == self.token
-                bar = f"linear-gradient(90deg, {'#f4a259' if chosen else '#9ecae1'} {100 * prob:.1f}%, transparent {100 * prob:.1f}%)"
-                weight = "font-weight:bold;" if chosen else ""
+                # An inline bar (not a CSS gradient) renders the same in every notebook front end.
+                bar = (
+                    f"<span style='display:inline-block;height:0.7em;width:{max(1, round(80 * prob))}px;"
+                    f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:4px'></span>"
+                )
+                style = "text-align:left;white-space:nowrap;padding:2px 10px 2px 4px;"
+                if chosen:
+                    style += "font-weight:bold;background:#fdd0a2;"
                 cells.append(
-                    f"<td title='id {token_id}, score {score:.4f}' style='text-align:left;background:{bar};{weight}'>"
-                    f"<code>{html.escape(self.token_label(token_id))}</code> {prob:.3f}"
-                    f"<span style='color:#777;font-size:80%'> ({_format_score(score)})</span></td>"
+                    f"<td title='id {token_id}, score {score:.4f}' style='{style}'>"
+                    f"<code>{html.escape(self.token_label(token_id))}</code> {prob:.3f}{bar}"
+                    f"<span style='color:#777;font-size:80%;font-weight:normal'> ({_format_score(score)})</span></td>"
                 )
             body.append(f"<tr>{''.join(cells)}</tr>")
         for title, values in (
@@ -152,16 +158,16 @@ class StepTrace:
             ("entropy (nats)", [f"{s.entropy:.3f}" for s in self.stages]),
         ):
             body.append(
-                f"<tr><td style='text-align:right;color:#888'>{title}</td>"
-                + "".join(f"<td style='text-align:left'>{v}</td>" for v in values)
+                f"<tr style='border-top:1px solid #ccc'><td style='text-align:right;color:#888;white-space:nowrap'>{title}</td>"
+                + "".join(f"<td style='text-align:left;padding:2px 10px 2px 4px'>{v}</td>" for v in values)
                 + "</tr>"
             )
-        caption = html.escape(f"explain_step: {self._summary()}")
+        summary = html.escape(f"explain_step: {self._summary()}")
         return (
-            "<table style='border-collapse:collapse;font-size:90%'>"
-            f"<caption style='caption-side:top;text-align:left'><b>{caption}</b> "
-            "(cells: token, probability, (score); the chosen token is bold)</caption>"
-            f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            f"<div><b>{summary}</b><br><span style='font-size:85%;color:#555'>each cell: token, probability "
+            "(bar), (score); the chosen token is highlighted</span>"
+            "<table style='border-collapse:collapse;font-size:90%;margin-top:4px'>"
+            f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
         )
 
     def plot(self, *, top: int | None = None, ax: Any = None):
@@ -227,9 +233,13 @@ class StepTrace:
         ax.set_ylim(0, 1.12)
         ax.set_ylabel("probability")
         ax.spines[["top", "right"]].set_visible(False)
-        ax.set_title(f"explain_step: token {self.token_label(self.token)} "
-                     f"{'sampled' if self.do_sample else 'greedy'}", fontsize=10, pad=24)
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, title="token")
+        where = f"row {self.row} of {self.batch_rows}: " if self.batch_rows > 1 else ""
+        ax.set_title(f"explain_step: {where}token {self.token_label(self.token)} "
+                     f"{'sampled' if self.do_sample else 'taken greedily'}", fontsize=10, pad=24)
+        handles, labels = ax.get_legend_handles_labels()
+        # Listed top-down in the order the segments are stacked, so legend and bars read alike.
+        ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+                  frameon=False, title="token")
         if created:
             fig.tight_layout()
             plt.close(fig)
@@ -381,7 +391,12 @@ def _format_score(score: float) -> str:
 
 
 def _params_text(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={_format_value(v)}" for k, v in params.items())
+    return ", ".join(f"{k}={_format_value(v)}" for k, v in _shown(params).items())
+
+
+def _shown(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters worth displaying: HF's default `min_tokens_to_keep=1` only adds noise."""
+    return {k: v for k, v in params.items() if not (k == "min_tokens_to_keep" and v == 1)}
 
 
 def _clip(text: str, width: int) -> str:

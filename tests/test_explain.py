@@ -14,8 +14,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hfbridge import sample_step
-from hfbridge._explain import StepTrace, explain_step
+from hfbridge import StepTrace, explain_step, sample_step
 
 # A 5-token vocabulary: small enough to check by hand.
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])  # [B=1, V=5]
@@ -148,7 +147,7 @@ def test_text_and_html_name_processors_and_chosen_token():
     assert f"token {trace.token} {chosen!r}" in text and "<- chosen" in text
     assert f"token {trace.token} {chosen!r}".replace("'", "&#x27;") in page
     assert "penalty=1.5" in text and "top_p=0.8" in page
-    assert page.startswith("<table") and page.endswith("</table>")
+    assert page.startswith("<div>") and page.endswith("</table></div>") and page.count("<tr") == 1 + 5 + 2
 
 
 def test_text_without_tokenizer_shows_ids():
