@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import difflib
 import inspect
 import logging
@@ -120,6 +121,54 @@ def generate(
     torch.Size([1, 8])
     """
     adapter = as_adapter(model, max_context=max_context)
+    call = _prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                    processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
+                    tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
+                    kwargs=kwargs)
+    bar = _progress_bar(progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
+    if streamer is not None:
+        streamer.put(call.sequences.cpu())  # the prompt first, as HF
+    try:
+        _decode(adapter, call, streamer, bar)
+    except BaseException:
+        if streamer is not None:
+            streamer.end()  # so that a TextIteratorStreamer's reader stops instead of waiting forever
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if streamer is not None:
+        streamer.end()
+
+    if call.config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=call.sequences, scores=call.scores, logits=call.raw_logits, attentions=None,
+            hidden_states=None, past_key_values=adapter.cache(call.state),
+        )
+    return call.sequences
+
+
+@dataclasses.dataclass
+class _Call:
+    """Everything one `generate` call works with, prepared before the first model call."""
+
+    config: GenerationConfig  # prepared as HF prepares it, special-token tensors set
+    sampler: Sampler  # this call's processors (fresh) and token choice
+    criteria: StoppingCriteriaList  # HF's own, merged with the user's
+    sequences: torch.LongTensor  # [N, T], N = prompts x num_return_sequences; grows by one column a step
+    mask: torch.LongTensor  # [N, T], grows with `sequences`
+    state: dict[str, Any]  # the adapter's state
+    prompts: int
+    expand: int  # num_return_sequences
+    scores: tuple | None = None  # per step, when return_dict_in_generate and output_scores
+    raw_logits: tuple | None = None  # per step, when return_dict_in_generate and output_logits
+
+
+def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
+             stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
+             fast: bool, kwargs: dict[str, Any]) -> _Call:
+    """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
+    # 1. Arguments, and `**kwargs` split into generation options and model inputs.
     _check_input_ids(input_ids)
     batch, prompt_length = input_ids.shape
     device = input_ids.device
@@ -149,7 +198,7 @@ def generate(
     if layout is not None and not isinstance(layout, Layout):
         layout = Layout(layout)
 
-    # 2. The config, exactly as HF's `generate` prepares it (defaults, lengths, validation).
+    # 2. The config, exactly as HF's `generate` prepares it (defaults, lengths, validation, special tokens).
     do_sample = options.pop("do_sample", None)
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", **options)
@@ -164,7 +213,7 @@ def generate(
             "`attention_mask` has padding at the end of some rows (right padding); decoder-only models need "
             "left padding for batched generation (tokenizer padding_side='left').",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
     host._validate_generated_length(config, prompt_length, _has_default_max_length(options, generation_config))
 
@@ -176,19 +225,16 @@ def generate(
         sequences = sequences.repeat_interleave(expand, dim=0)  # [B * n, T]
         mask = mask.repeat_interleave(expand, dim=0)
         model_inputs = {name: _expand(value, batch, expand) for name, value in model_inputs.items()}
-    rows_expected = batch * expand
-    if isinstance(streamer, TextStreamer) and rows_expected > 1:
+    if isinstance(streamer, TextStreamer) and batch * expand > 1:
         raise ValueError(
             f"`streamer` is a {type(streamer).__name__}, which streams one sequence, but generate() would produce "
-            f"{rows_expected} ({batch} prompts x num_return_sequences={expand}); pass one prompt with "
+            f"{batch * expand} ({batch} prompts x num_return_sequences={expand}); pass one prompt with "
             "num_return_sequences=1, or a streamer of your own that handles batches."
         )
 
     # 4. This call's criteria and processors (fresh: stateful processors start clean).
     criteria = host.stopping_criteria(config, _criteria_list(stopping_criteria), tokenizer=tokenizer)
-    pad_token = config._pad_token_tensor
-    pads_finished_rows = any(hasattr(criterion, "eos_token_id") for criterion in criteria)
-    if pads_finished_rows and pad_token is None:
+    if _pads_finished_rows(criteria) and config._pad_token_tensor is None:
         raise ValueError(
             "a stopping criterion has an `eos_token_id`, so finished rows need a `pad_token_id`; pass "
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
@@ -198,76 +244,89 @@ def generate(
         sampler = Sampler(sampler_config, processors=processors, layout=layout, vocab_size=vocab_size,
                           generator=generator, prompt_length=prompt_length, attention_mask=padding, fast=fast)
     state = adapter.start(sequences, mask, model_inputs)
-
     return_dict = bool(config.return_dict_in_generate)
-    scores = () if return_dict and config.output_scores else None
-    raw_logits = () if return_dict and config.output_logits else None
-    use_fast = sampler.fast and sampler.do_sample and scores is None  # the fused path keeps no scores
+    return _Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
+                 prompts=batch, expand=expand,
+                 scores=() if return_dict and config.output_scores else None,
+                 raw_logits=() if return_dict and config.output_logits else None)
 
-    if streamer is not None:
-        streamer.put(sequences.cpu())
-    bar = _progress_bar(progress, (config.max_length or prompt_length) - prompt_length)
-    finished_normally = False
-    try:
-        # 5. The loop of HF's `_sample`.
-        unfinished = torch.ones(rows_expected, dtype=torch.long, device=device)  # [N]
-        vocab = None
-        step = 0
-        while True:
-            state["attention_mask"] = mask
-            try:
-                outputs = adapter.forward(sequences, state)  # the model call
-                state = adapter.update(outputs, sequences, state)
-            except AdapterTypeError as error:
-                raise TypeError(f"generate(): at step {step}: {error}") from None
-            except Exception as error:
-                _add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
-                                 f"{sequences.shape[1]} tokens so far, {step} generated).")
-                raise
-            rows = _rows(sampler, adapter.logits(outputs), step, rows_expected, batch, expand)  # [N, V]
-            rows = rows.to(device)
-            if vocab is None:
-                vocab = rows.shape[1]
-                _at_step(step, lambda: sampler.input_rows(sequences, rows))  # prompt ids within the vocabulary
-            elif rows.shape[1] != vocab:
-                raise ValueError(
-                    f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
-                    f"but {vocab} at step 0; the vocabulary size must stay the same."
-                )
-            if raw_logits is not None:
-                # HF keeps the very tensor its processors receive; the fused path overwrites it, so copy
-                raw_logits += (rows.clone() if use_fast else rows,)
-            tokens, step_scores = _at_step(step, lambda: _next_tokens(sampler, sequences, rows, use_fast))
-            if scores is not None:
-                scores += (step_scores,)
-            if pads_finished_rows:
-                # finished sentences get the padding token, as HF's `_sample`
-                tokens = tokens * unfinished + pad_token * (1 - unfinished)
-            sequences = torch.cat([sequences, tokens[:, None]], dim=-1)  # [N, T + 1]
-            mask = torch.cat([mask, mask.new_ones((rows_expected, 1))], dim=-1)
-            if streamer is not None:
-                streamer.put(tokens.cpu())
-            unfinished = unfinished & ~criteria(sequences, scores)
-            step += 1
-            if bar is not None:
-                bar.update(1)
-            if unfinished.max() == 0:
-                break
-        finished_normally = True
-    finally:
+
+def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any) -> None:
+    """Step 5, the loop of HF's `_sample`: one model call and one token per row per step, in place on `call`."""
+    sampler, device = call.sampler, call.sequences.device
+    rows_expected = call.sequences.shape[0]
+    pad_token = call.config._pad_token_tensor
+    pads_finished_rows = _pads_finished_rows(call.criteria)
+    use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
+    unfinished = torch.ones(rows_expected, dtype=torch.long, device=device)  # [N]
+    vocab = None
+    step = 0
+    while True:
+        call.state["attention_mask"] = call.mask
+        outputs = _call_model(adapter, call, step)
+        rows = _rows(sampler, adapter.logits(outputs), step, rows_expected, call.prompts, call.expand)  # [N, V]
+        rows = rows.to(device)  # HF moves the logits to the device of input_ids
+        if vocab is None:
+            vocab = rows.shape[1]
+            _at_step(step, lambda: sampler.input_rows(call.sequences, rows))  # prompt ids within the vocabulary
+        elif rows.shape[1] != vocab:
+            raise ValueError(
+                f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
+                f"but {vocab} at step 0; the vocabulary size must stay the same."
+            )
+        if call.raw_logits is not None:
+            # HF keeps the very tensor its processors receive; the fused path overwrites it, so copy
+            call.raw_logits += (rows.clone() if use_fast else rows,)
+        tokens = _choose(sampler, call, rows, step, use_fast)  # [N]
+        if pads_finished_rows:
+            # finished sentences get the padding token, as HF's `_sample`
+            tokens = tokens * unfinished + pad_token * (1 - unfinished)
+        call.sequences = torch.cat([call.sequences, tokens[:, None]], dim=-1)  # [N, T + 1]
+        call.mask = torch.cat([call.mask, call.mask.new_ones((rows_expected, 1))], dim=-1)
+        if streamer is not None:
+            streamer.put(tokens.cpu())
+        unfinished = unfinished & ~call.criteria(call.sequences, call.scores)
+        step += 1
         if bar is not None:
-            bar.close()
-        if streamer is not None and not finished_normally:
-            streamer.end()  # so that a TextIteratorStreamer's reader stops instead of waiting forever
-    if streamer is not None:
-        streamer.end()
+            bar.update(1)
+        if unfinished.max() == 0:
+            return
 
-    if return_dict:
-        return GenerateDecoderOnlyOutput(
-            sequences=sequences, scores=scores, logits=raw_logits, attentions=None, hidden_states=None,
-            past_key_values=adapter.cache(state),
-        )
-    return sequences
+
+def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
+    """The model call (and the adapter's state update); its exceptions get the step as a note."""
+    try:
+        outputs = adapter.forward(call.sequences, call.state)
+        call.state = adapter.update(outputs, call.sequences, call.state)
+    except AdapterTypeError as error:
+        raise TypeError(f"generate(): at step {step}: {error}") from None
+    except Exception as error:
+        length = call.sequences.shape[1]
+        _add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
+                         f"{length} tokens so far, {step} generated).")
+        raise
+    return outputs
+
+
+def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fast: bool) -> torch.LongTensor:
+    """Processors then token choice; a processor's own exception gets the step as a note."""
+    try:
+        if use_fast:
+            from ._fast import fast_sample
+
+            return fast_sample(call.sequences, rows, sampler._processors_on(rows.device), sampler.generator)
+        scores = sampler.process(call.sequences, rows)  # [N, V]
+    except Exception as error:
+        _add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
+        raise
+    if call.scores is not None:
+        call.scores += (scores,)
+    return _at_step(step, lambda: sampler.choose(scores, raw=rows))
+
+
+def _pads_finished_rows(criteria: StoppingCriteriaList) -> bool:
+    """HF's `has_eos_stopping_criteria`: finished rows get the pad token only when a criterion knows eos."""
+    return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
 
 
 @contextlib.contextmanager
@@ -428,7 +487,8 @@ def _at_step(step: int, action: Callable[[], Any]) -> Any:
     try:
         return action()
     except (ValueError, TypeError) as error:
-        raise type(error)(f"generate(): at step {step}: {error}") from None
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        raise kind(f"generate(): at step {step}: {error}") from None
 
 
 def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, expand: int) -> torch.Tensor:
@@ -442,14 +502,3 @@ def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, e
             f"({batch} prompts x num_return_sequences={expand})."
         )
     return rows
-
-
-def _next_tokens(sampler: Sampler, input_ids: torch.LongTensor, rows: torch.Tensor,
-                 use_fast: bool) -> tuple[torch.LongTensor, torch.Tensor | None]:
-    """`(tokens, scores)` for one step; `scores` is None on the fused path."""
-    if use_fast:
-        from ._fast import fast_sample
-
-        return fast_sample(input_ids, rows, sampler._processors_on(rows.device), sampler.generator), None
-    scores = sampler.process(input_ids, rows)  # [N, V]
-    return sampler.choose(scores, raw=rows), scores

@@ -19,8 +19,7 @@ from transformers.utils import logging as hf_logging
 xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install 'hfbridge[grammar]')")
 from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor  # noqa: E402
 
-from hfbridge._generate import generate  # noqa: E402
-from hfbridge._models import ReturnsCache  # noqa: E402
+from hfbridge import ReturnsCache, generate  # noqa: E402
 
 from _tiny_models import TinyCached, TinyCore, TinyRecompute, char_tokenizer, recompute_callable, tiny_gpt2  # noqa: E402
 

@@ -20,9 +20,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
-from hfbridge._generate import generate
+from hfbridge import InputPos, Recompute, ReturnsCache, generate
 from hfbridge._hf import generation_option_names
-from hfbridge._models import InputPos, Recompute, ReturnsCache
 
 from _tiny_models import HF_MODELS, InputPosHF, recompute_callable, returns_cache_callable
 
