@@ -635,3 +635,24 @@ def test_adapter_construction_errors():
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_an_hf_model_itself_is_a_plain_callable():
+    """`model(input_ids, attention_mask=...)` returning a `ModelOutput`: its `.logits` are used."""
+    hf = tiny_gpt2()
+    prompt = torch.tensor([[5, 9, 13, 2]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = hf.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False)
+    assert torch.equal(generate(hf, prompt, max_new_tokens=5), theirs)
+
+
+def test_other_logits_layouts():
+    table = torch.randn(V, V, generator=torch.Generator().manual_seed(1))
+
+    def time_major(idx):  # [T, B, V]
+        return table[idx].transpose(0, 1)
+
+    expected = generate(lambda idx: table[idx], PROMPT, max_new_tokens=3)
+    assert torch.equal(generate(time_major, PROMPT, max_new_tokens=3, layout="t b v"), expected)
+    assert torch.equal(generate(lambda idx: {"logits": table[idx][:, -1]}, PROMPT, max_new_tokens=3), expected)
