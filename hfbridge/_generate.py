@@ -418,14 +418,31 @@ def _check_streamer(streamer: Any) -> None:
         )
 
 
+# Options HF's `generate` implements with more than logits processors: (is it set?, why it cannot work here).
+_UNSUPPORTED = {
+    "penalty_alpha": (lambda value: value is not None and value > 0,
+                      "contrastive search re-ranks candidates with the model's hidden states"),
+    "guidance_scale": (lambda value: value is not None and value != 1,
+                       "classifier-free guidance needs a second, unconditional model call per step"),
+    "watermarking_config": (lambda value: value is not None,
+                            "build the watermark processor yourself (e.g. transformers.WatermarkLogitsProcessor) "
+                            "and pass it in processors="),
+    "token_healing": (lambda value: bool(value), "token healing re-tokenizes the prompt; heal it before the call"),
+}
+
+
 def _check_config(config: GenerationConfig, tokenizer: Any) -> None:
+    for name, (is_set, why) in _UNSUPPORTED.items():
+        value = getattr(config, name, None)
+        if is_set(value):
+            raise ValueError(f"generate() does not support `{name}`={value!r}: {why}.")
     mode = config.get_generation_mode()
     mode_name = getattr(mode, "value", str(mode))
     if mode_name not in _SUPPORTED_MODES:
         raise ValueError(
             f"generate() does greedy decoding and sampling; these options select {mode_name.replace('_', ' ')} "
-            f"(num_beams={config.num_beams}, penalty_alpha={config.penalty_alpha}), which it does not support. "
-            "Use num_beams=1 and no penalty_alpha / constraints / force_words_ids."
+            f"(num_beams={config.num_beams}), which it does not support. "
+            "Use num_beams=1 and no constraints / force_words_ids / assistant options / dola_layers."
         )
     if config.stop_strings is not None and tokenizer is None:
         raise ValueError(

@@ -542,7 +542,13 @@ def test_bad_prompt_and_mask():
 
 def test_unsupported_modes():
     _raises_before_any_call(ValueError, "generate() does greedy decoding and sampling; these options select beam "
-                                        "search (num_beams=3, penalty_alpha=None)", max_new_tokens=3, num_beams=3)
+                                        "search (num_beams=3), which it does not support.", max_new_tokens=3,
+                            num_beams=3)
+    _raises_before_any_call(ValueError, "generate() does not support `penalty_alpha`=0.6: contrastive search re-ranks "
+                                        "candidates with the model's hidden states.", max_new_tokens=3,
+                            penalty_alpha=0.6, top_k=4)
+    _raises_before_any_call(ValueError, "generate() does not support `guidance_scale`=1.5", max_new_tokens=3,
+                            guidance_scale=1.5)
     _raises_before_any_call(ValueError, "`output_attentions=True` needs the model's internals, which generate() "
                                         "does not see", max_new_tokens=3, output_attentions=True)
 
