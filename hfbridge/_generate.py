@@ -103,6 +103,8 @@ def generate(
         `scores` (processed) / `logits` (raw float32) per step when `output_scores` /
         `output_logits` ask for them, and `past_key_values` for a `ReturnsCache` model.
 
+    Runs under `torch.no_grad()`, as HF's `generate`.
+
     Raises:
         TypeError / ValueError: for bad arguments, before the first model call.
         ValueError: when the model returns logits with the wrong number of rows or vocabulary
@@ -120,6 +122,16 @@ def generate(
     >>> out.shape
     torch.Size([1, 8])
     """
+    with torch.no_grad():  # as HF's generate: no autograd graph grows over the steps
+        return _generate(model, input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                         processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
+                         tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator,
+                         progress=progress, fast=fast, max_context=max_context, kwargs=kwargs)
+
+
+def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
+              stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
+              progress: bool, fast: bool, max_context: Any, kwargs: dict[str, Any]):
     adapter = as_adapter(model, max_context=max_context)
     call = _prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                     processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,

@@ -662,3 +662,14 @@ def test_other_logits_layouts():
     expected = generate(lambda idx: table[idx], PROMPT, max_new_tokens=3)
     assert torch.equal(generate(time_major, PROMPT, max_new_tokens=3, layout="t b v"), expected)
     assert torch.equal(generate(lambda idx: {"logits": table[idx][:, -1]}, PROMPT, max_new_tokens=3), expected)
+
+
+def test_runs_without_autograd():
+    grads = []
+
+    def model(idx):
+        grads.append(torch.is_grad_enabled())
+        return Counting().table[idx]
+
+    generate(model, PROMPT, max_new_tokens=2)
+    assert grads == [False, False] and torch.is_grad_enabled()
