@@ -8,6 +8,7 @@ the recorded choice is the token `sample_step` returns for the same options and 
 from __future__ import annotations
 
 import html
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,10 +55,11 @@ class Stage:
 
     @property
     def short_name(self) -> str:
-        """The name without HF's ``LogitsProcessor``/``LogitsWarper`` suffix."""
-        for suffix in ("LogitsProcessor", "LogitsWarper", "Processor"):
-            if self.name.endswith(suffix) and self.name != suffix:
-                return self.name[: -len(suffix)]
+        """The name without HF's ``LogitsProcessor``/``LogitsWarper`` suffix (``TopP``)."""
+        for suffix in ("LogitsProcessor", "LogitsWarper"):
+            stem = self.name[: -len(suffix)]
+            if self.name.endswith(suffix) and stem.isidentifier():
+                return stem
         return self.name
 
     def probs(self) -> torch.Tensor:
@@ -125,7 +127,7 @@ class StepTrace:
 
     def _repr_html_(self) -> str:
         head = "".join(
-            f"<th style='text-align:left;vertical-align:top;padding:2px 10px 2px 4px'>[{n}] {html.escape(s.short_name)}"
+            f"<th style='text-align:left;vertical-align:top;padding:1px 6px 1px 3px'>[{n}] {html.escape(s.short_name)}"
             f"<br><span style='font-weight:normal;font-size:85%'>{html.escape(_params_text(s.params))}</span></th>"
             for n, s in enumerate(self.stages)
         )
@@ -141,15 +143,15 @@ class StepTrace:
                 chosen = token_id == self.token
                 # An inline bar (not a CSS gradient) renders the same in every notebook front end.
                 bar = (
-                    f"<span style='display:inline-block;height:0.7em;width:{max(1, round(80 * prob))}px;"
+                    f"<span style='display:inline-block;height:0.7em;width:{max(1, round(40 * prob))}px;"
                     f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:4px'></span>"
                 )
-                style = "text-align:left;white-space:nowrap;padding:2px 10px 2px 4px;"
+                style = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;"
                 if chosen:
                     style += "font-weight:bold;background:#fdd0a2;"
                 cells.append(
                     f"<td title='id {token_id}, score {score:.4f}' style='{style}'>"
-                    f"<code>{html.escape(self.token_label(token_id))}</code> {prob:.3f}{bar}"
+                    f"<code style='white-space:pre'>{html.escape(self.token_label(token_id))}</code> {prob:.3f}{bar}"
                     f"<span style='color:#777;font-size:80%;font-weight:normal'> ({_format_score(score)})</span></td>"
                 )
             body.append(f"<tr>{''.join(cells)}</tr>")
@@ -159,7 +161,7 @@ class StepTrace:
         ):
             body.append(
                 f"<tr style='border-top:1px solid #ccc'><td style='text-align:right;color:#888;white-space:nowrap'>{title}</td>"
-                + "".join(f"<td style='text-align:left;padding:2px 10px 2px 4px'>{v}</td>" for v in values)
+                + "".join(f"<td style='text-align:left;padding:1px 6px 1px 3px'>{v}</td>" for v in values)
                 + "</tr>"
             )
         summary = html.escape(f"explain_step: {self._summary()}")
@@ -306,7 +308,7 @@ def explain_step(
         # Processors may edit their input in place; each recorded stage keeps its own copy.
         params = _processor_params(processor)  # before the call: settings, not state it builds
         scores = processor(ids, scores.clone())
-        stages.append(_stage(type(processor).__name__, params, scores[row], top))
+        stages.append(_stage(_processor_name(processor), params, scores[row], top))
     empty = ~(scores > float("-inf")).any(dim=-1)
     if bool(empty.any()):
         first = int(empty.nonzero()[0, 0])
@@ -350,15 +352,27 @@ def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) ->
     )
 
 
-def _processor_params(processor: Any) -> dict[str, Any]:
-    """The processor's public settings, readable: numbers, flags, strings, short lists of them.
+def _processor_name(processor: Any) -> str:
+    """HF's class name (``TopPLogitsWarper``); other processors get their package in front."""
+    cls = type(processor)
+    package = cls.__module__.split(".")[0]
+    return cls.__name__ if package in ("transformers", "__main__", "builtins") else f"{package}.{cls.__name__}"
 
-    Anything else (internal objects, big tensors, functions) is left out, so third-party
-    processors show their plain settings and no internals.
+
+def _processor_params(processor: Any) -> dict[str, Any]:
+    """The processor's settings: attributes named like its constructor's parameters, if readable.
+
+    HF's processors store their arguments under the same names (``top_p``, ``penalty``), so this
+    shows what the processor was built with, and not the state a stateful one keeps (a grammar
+    matcher's internals). Only numbers, flags, strings and short lists of them are kept.
     """
+    try:
+        accepted = set(inspect.signature(type(processor).__init__).parameters) - {"self"}
+    except (TypeError, ValueError):
+        accepted = set()
     params: dict[str, Any] = {}
     for name, value in vars(processor).items():
-        if name.startswith("_") or name == "filter_value" or value is None:
+        if name not in accepted or name == "filter_value" or value is None:
             continue
         if isinstance(value, torch.Tensor):
             if value.numel() > _MAX_LIST_PARAM or value.is_floating_point() and value.dim() > 0:

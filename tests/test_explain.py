@@ -204,3 +204,26 @@ def test_plot_without_matplotlib_says_what_to_install(monkeypatch):
 
 def test_trace_type():
     assert isinstance(explain_step(LOGITS[0]), StepTrace)
+
+
+class AddBias:
+    """A user's processor (not from transformers) that counts its calls."""
+
+    def __init__(self, token, bias):
+        self.token, self.bias, self.calls, self._cache = token, bias, 0, object()
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        scores[:, self.token] += self.bias
+        return scores
+
+
+def test_user_processor_runs_once_and_shows_its_settings():
+    processor = AddBias(token=4, bias=5.0)
+    trace = explain_step(LOGITS, processors=[processor], temperature=0.5, generator=torch.Generator().manual_seed(0))
+    assert processor.calls == 1  # a stateful processor must see the step once
+    names = [s.name for s in trace.stages]
+    assert names[0] == "input" and names[1].endswith("AddBias") and "." in names[1]
+    assert trace.stages[1].params == {"token": 4, "bias": 5.0}  # constructor settings, not state
+    assert trace.stages[1].scores.tolist() == pytest.approx([2.0, 1.0, 0.5, -1.0, 5.0])
+    assert trace.stages[-1].top_ids[0] == 4
