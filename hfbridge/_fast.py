@@ -9,7 +9,7 @@ Known processors are matched by exact type (a subclass that overrides `__call__`
 - `TopPLogitsWarper`: HF sorts ascending and drops every token whose cumulative probability is
   `<= 1 - top_p` (a float32 comparison). Here the boundary is found without the sort, either among
   a few hundred candidates (the top-k of the scores, found block-wise) when they provably contain it,
-  or by a radix select over the bits of the probabilities (two probability-weighted histograms).
+  or by a radix select over the bits of the probabilities (three probability-weighted histograms).
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
 The draw inverts a float64 running sum with one uniform number: over the few candidates when the
@@ -27,7 +27,7 @@ on other devices and under `torch.compile` only fixed-shape code runs, with no h
 
 >>> import torch
 >>> from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
->>> processors = LogitsProcessorList([TemperatureLogitsWarper(0.5), TopPLogitsWarper(0.8)])
+>>> processors = LogitsProcessorList([TemperatureLogitsWarper(0.5), TopPLogitsWarper(0.9)])
 >>> scores = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
 >>> fast_scores(None, scores.clone(), processors)
 tensor([[4., 2., -inf, -inf]])
@@ -52,8 +52,7 @@ from transformers import (
 __all__ = ["draw", "fast_sample", "fast_scores", "top_p_mask"]
 
 _NEG_INF = float("-inf")
-_LOW_BITS = 15  # radix select: a float32 bit pattern = 16 high bits (level 1) + 15 low bits (level 2)
-_CANDIDATES = 512  # top-p candidates tried on CPU before the radix select
+_CANDIDATES = (256, 2048)  # top-p candidates tried on CPU before the radix select
 _BLOCK = 16  # block size of the block-wise top-k
 
 
@@ -203,21 +202,26 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
         return
     scores = state.materialize()
     vocab = scores.shape[-1]
-    if candidates and at_least < min(_CANDIDATES, vocab):
-        k = min(_CANDIDATES, vocab)
+    probs = torch.softmax(scores, dim=-1)  # [N, V]
+    total = None
+    for k in _CANDIDATES if candidates else ():
+        if k > vocab // (2 * _BLOCK) and k > _CANDIDATES[0]:
+            break  # a second, plain top-k this large costs about as much as the radix select
+        k = min(k, vocab)
+        if at_least >= k:
+            break
         cand, ids = top_candidates(scores, k)  # [N, K]
-        probs = torch.softmax(scores, dim=-1)  # [N, V]
-        picked = probs.gather(1, ids)  # [N, K]
-        # HF's top position has cumulative probability sum(probs), 1 up to rounding.
-        kept = _top_p_count(picked, torch.ones_like(picked[:, :1], dtype=torch.float64), top_p, at_least)
+        if total is None:
+            total = probs.sum(dim=-1, keepdim=True, dtype=torch.float64)  # HF's top cumulative sum
+        kept = _top_p_count(probs.gather(1, ids), total, top_p, at_least)
         # Certain only if the last kept candidate is above every token that is not a candidate.
         last = cand.gather(1, kept - 1)  # [N, 1]
         if k == vocab or bool(((kept < k) & (last > cand[:, -1:])).all()):
             keep = torch.arange(k, device=cand.device) < kept
             state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
             return
-    else:
-        probs = torch.softmax(scores, dim=-1)
+        if k == vocab:
+            break
     state.filtered(processor.filter_value, keep=top_p_mask(probs, top_p, at_least), probs=probs)
 
 
@@ -293,8 +297,9 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -
 
     The kept tokens are those above a boundary probability `p*` plus some of those equal to it.
     For non-negative floats the bit pattern orders like the value, so `p*` is found from two
-    probability-weighted histograms: of the high 16 bits (which bucket holds the token where HF's
-    ascending cumulative sum crosses `1 - top_p`), then of the low 15 bits inside that bucket. Sums
+    probability-weighted histograms: of the high 11 bits (which bucket holds the token where HF's
+    ascending cumulative sum crosses `1 - top_p`), then of the next 10 and the last 10 bits inside
+    that bucket. Sums
     are float64, rounded to float32 before the comparison, as HF's `cumsum` (double accumulation on
     CPU) rounds its output. Fixed shapes, no sort, no host-device sync.
 
@@ -315,20 +320,21 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -
     bits = probs.view(torch.int32)  # [N, V]; p in [0, 1] has bits <= 0x3F800000
     mass = probs.double()  # [N, V]
 
-    # Level 1: the high-16-bit bucket of the first token (ascending) whose cumulative sum survives.
-    high = (bits >> _LOW_BITS).long()  # [N, V]; up to 0xFFFF so that NaN rows cannot index out of range
-    cum = mass.new_zeros(n, 1 << (31 - _LOW_BITS)).scatter_add_(1, high, mass).cumsum_(dim=1)
-    bucket = _count_removed(cum, cut, inclusive)  # [N, 1]; == bins when every token goes
-    nothing = bucket >= cum.shape[1]
-    bucket = bucket.clamp_(max=cum.shape[1] - 1).int()
-
-    # Level 2: the low 15 bits inside that bucket. Bin 0 gathers every token below the bucket and the
-    # last bin every token above, so the running sum over bins is the running sum over tokens.
-    low = (bits - ((bucket << _LOW_BITS) - 1)).clamp_(0, (1 << _LOW_BITS) + 1).long()  # [N, V]
-    hist = mass.new_zeros(n, (1 << _LOW_BITS) + 2).scatter_add_(1, low, mass)
-    cum = hist.cumsum(dim=1)
-    pos = _count_removed(cum, cut, inclusive).clamp_(1, 1 << _LOW_BITS)  # [N, 1] bin of p*
-    boundary = (bucket << _LOW_BITS) | (pos.int() - 1)  # [N, 1] bits of p*
+    # Level 1, the high 11 bits: the bucket of the first token (ascending) whose running sum survives.
+    # (2048 bins hold any non-negative bit pattern, so a NaN row cannot index out of range.)
+    hist = mass.new_zeros(n, 1 << 11).scatter_add_(1, (bits >> 20).long(), mass)
+    prefix = _count_removed(hist.cumsum_(dim=1), cut, inclusive)  # [N, 1]; 2048 when every token goes
+    nothing = prefix >= 1 << 11
+    prefix = prefix.clamp_(max=(1 << 11) - 1).int()
+    # Levels 2 and 3, 10 bits each inside the bucket found so far. Bin 0 gathers every token below the
+    # bucket and bin 1025 every token above, so the running sum over bins is the one over tokens.
+    for shift in (10, 0):
+        low = ((bits >> shift) - ((prefix << 10) - 1)).clamp_(0, 1025).long()  # [N, V]
+        hist = mass.new_zeros(n, 1026).scatter_add_(1, low, mass)
+        cum = hist.cumsum(dim=1)
+        pos = _count_removed(cum, cut, inclusive).clamp_(1, 1024)  # [N, 1] bin inside the bucket
+        prefix = (prefix << 10) | (pos.int() - 1)
+    boundary = prefix  # [N, 1] bits of p*
     below = cum.gather(1, pos - 1)  # [N, 1] mass strictly below p*
     p_star = boundary.view(torch.float32).double().clamp_min_(1e-300)
     ties = (hist.gather(1, pos) / p_star).round_()  # [N, 1] how many tokens equal p* (exact in float64)
