@@ -158,3 +158,57 @@ def test_eos_configs_finish_rows_early():
         assert bool(finished.any()), name
         if name == "eos_min_new_tokens_greedy":
             assert not bool(torch.isin(new[:, :3], eos).any()), "min_new_tokens=3 must block eos"
+
+
+# ------------------------------------------------------------------------------------------
+# Random configurations (derandomized, so CI sees the same examples every run)
+# ------------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def _random_case(draw):
+    batch = draw(st.integers(1, 3))
+    length = draw(st.integers(1, 6))
+    pads = [draw(st.integers(0, length - 1)) for _ in range(batch)]
+    tokens = draw(st.lists(st.integers(2, 47), min_size=batch * length, max_size=batch * length))
+    prompt = torch.tensor(tokens).view(batch, length)
+    mask = torch.tensor([[0] * pad + [1] * (length - pad) for pad in pads])
+    prompt = prompt.masked_fill(mask == 0, PAD)
+    sample = draw(st.booleans())
+    options = {"max_new_tokens": draw(st.integers(1, 6)), "do_sample": sample}
+    if sample:
+        options.update(draw(st.fixed_dictionaries({}, optional={
+            "temperature": st.sampled_from([0.5, 1.0, 1.7]),
+            "top_k": st.integers(1, 60),
+            "top_p": st.sampled_from([0.3, 0.8, 1.0]),
+            "min_p": st.sampled_from([0.0, 0.1]),
+            "num_return_sequences": st.integers(1, 2),
+        })))
+    options.update(draw(st.fixed_dictionaries({}, optional={
+        "repetition_penalty": st.sampled_from([0.8, 1.4]),
+        "no_repeat_ngram_size": st.integers(1, 3),
+        "eos_token_id": st.lists(st.integers(0, 47), min_size=1, max_size=8),
+        "min_new_tokens": st.integers(0, 4),
+    })))
+    if "eos_token_id" in options:
+        options["pad_token_id"] = PAD
+    return draw(st.sampled_from(list(HF_MODELS))), draw(st.sampled_from(["recompute", "returns_cache"])), \
+        prompt, mask, options, draw(st.integers(0, 2 ** 16))
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(case=_random_case())
+def test_random_configs_match_hf(case):
+    model_name, path, prompt, mask, options, seed = case
+    hf = _model(model_name)
+    make_adapter, use_cache, _ = PATHS[path]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(seed)
+        theirs = hf.generate(prompt, attention_mask=mask, use_cache=use_cache, **options)
+        torch.manual_seed(seed)
+        ours = generate(make_adapter(hf), prompt, attention_mask=mask, **options)
+    _assert_same(ours, theirs)
