@@ -17,6 +17,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import GenerationConfig
 from transformers.utils import logging as hf_logging
 
@@ -163,9 +165,6 @@ def test_eos_configs_finish_rows_early():
 # ------------------------------------------------------------------------------------------
 # Random configurations (derandomized, so CI sees the same examples every run)
 # ------------------------------------------------------------------------------------------
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @st.composite
