@@ -2,11 +2,13 @@
 
     python benchmarks/step.py            # full table, CPU (and CUDA when present)
     python benchmarks/step.py --quick    # two sizes, fewer repeats
+    python benchmarks/step.py --one-shot # time sample_step(...) itself (rebuilds processors per call)
 
 Each cell runs the three implementations round-robin on the same logits (so load on a shared
 machine hits them alike) and reports the median of the repeats. The HF chain is what users write
-today: `LogitsProcessorList` of HF's own processors, then `softmax` + `torch.multinomial` (or
-`argmax` for greedy). Logits are either flat (standard normal) or realistic: log-probability
+today: `LogitsProcessorList` of HF's own processors, built once, then `softmax` +
+`torch.multinomial` (or `argmax` for greedy); hfbridge's side is a `Sampler` built once (what
+`generate` uses; `sample_step` is a one-shot `Sampler`). Logits are either flat (standard normal) or realistic: log-probability
 proportional to -1.1 * log(rank), randomly permuted per row, plus N(0, 0.1) noise.
 """
 
@@ -31,7 +33,7 @@ from transformers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from hfbridge import sample_step  # noqa: E402
+from hfbridge import Sampler, sample_step  # noqa: E402
 
 SIZES = [(1, 32000), (8, 50257), (32, 128256)]
 QUICK_SIZES = [(1, 32000), (32, 128256)]
@@ -71,10 +73,10 @@ def hf_chain(processors: LogitsProcessorList, do_sample: bool, generator: torch.
     return step
 
 
-def bridge(options: dict, generator: torch.Generator, fast: bool):
-    def step(logits, input_ids):
-        return sample_step(logits, input_ids, generator=generator, fast=fast, **options)
-    return step
+def bridge(options: dict, generator: torch.Generator, fast: bool, one_shot: bool):
+    if one_shot:  # sample_step: builds its processors on every call
+        return lambda logits, input_ids: sample_step(logits, input_ids, generator=generator, fast=fast, **options)
+    return Sampler(generator=generator, fast=fast, **options)  # built once, like the HF chain's processors
 
 
 def measure(steps: dict, logits, input_ids, repeats: int, sync) -> dict:
@@ -92,11 +94,12 @@ def measure(steps: dict, logits, input_ids, repeats: int, sync) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def run(device: str, sizes, repeats: int, configs) -> None:
+def run(device: str, sizes, repeats: int, configs, one_shot: bool) -> None:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(0)
+    what = "sample_step (one-shot)" if one_shot else "a Sampler built once"
     print(f"\n### {device}: {describe(device)}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"median of {repeats}\n")
+          f"median of {repeats}; exact/fast = {what}\n")
     print("| B | V | logits | config | HF chain ms | exact ms | fast ms | exact / HF | HF / fast |")
     print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
     for batch, vocab in sizes:
@@ -108,10 +111,10 @@ def run(device: str, sizes, repeats: int, configs) -> None:
                 draw = torch.Generator(device=device).manual_seed(1)
                 steps = {
                     "hf": hf_chain(LogitsProcessorList(make()), options["do_sample"], draw),
-                    "exact": bridge(options, draw, fast=False),
+                    "exact": bridge(options, draw, fast=False, one_shot=one_shot),
                 }
                 if options["do_sample"]:
-                    steps["fast"] = bridge(options, draw, fast=True)
+                    steps["fast"] = bridge(options, draw, fast=True, one_shot=one_shot)
                 t = measure(steps, logits, input_ids, repeats, sync)
                 fast = f"{t['fast'] * 1e3:.2f}" if "fast" in t else "-"
                 speedup = f"{t['hf'] / t['fast']:.1f}x" if "fast" in t else "-"
@@ -137,6 +140,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="repeats per cell (default 7, quick 3)")
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="only these configs")
+    parser.add_argument("--one-shot", action="store_true",
+                        help="time sample_step(...) itself, which rebuilds its processors on every call "
+                             "(default: a Sampler built once, as the HF chain's processors are)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     repeats = args.repeats or (3 if args.quick else 7)
@@ -145,7 +151,7 @@ def main() -> None:
     for device in devices:
         if device == "cuda" and not torch.cuda.is_available():
             continue
-        run(device, sizes, repeats, args.config or list(CONFIGS))
+        run(device, sizes, repeats, args.config or list(CONFIGS), args.one_shot)
 
 
 if __name__ == "__main__":

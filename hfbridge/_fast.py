@@ -9,7 +9,7 @@ Known processors are matched by exact type (a subclass that overrides `__call__`
 - `TopPLogitsWarper`: HF sorts ascending and drops every token whose cumulative probability is
   `<= 1 - top_p` (a float32 comparison). Here the boundary is found without the sort, either among
   a few hundred candidates (the top-k of the scores, found block-wise) when they provably contain it,
-  or by a radix select over the bits of the probabilities (three probability-weighted histograms).
+  or by a radix select over the bits of the probabilities (two or three probability-weighted histograms).
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
 The draw inverts a float64 running sum with one uniform number: over the few candidates when the
@@ -212,7 +212,7 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
             break
         cand, ids = top_candidates(scores, k)  # [N, K]
         if total is None:
-            total = probs.sum(dim=-1, keepdim=True, dtype=torch.float64)  # HF's top cumulative sum
+            total = probs.sum(dim=-1, keepdim=True).double()  # HF's top cumulative sum, 1 up to rounding
         kept = _top_p_count(probs.gather(1, ids), total, top_p, at_least)
         # Certain only if the last kept candidate is above every token that is not a candidate.
         last = cand.gather(1, kept - 1)  # [N, 1]
@@ -220,9 +220,11 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
             keep = torch.arange(k, device=cand.device) < kept
             state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
             return
-        if k == vocab:
+        # A larger try can only succeed if `next` more tokens, none above the k-th, could reach top_p.
+        reach = probs.gather(1, ids).double().sum(dim=-1) + (_CANDIDATES[-1] - k) * probs.gather(1, ids[:, -1:])[:, 0]
+        if k == vocab or not bool((reach > top_p).all()):
             break
-    state.filtered(processor.filter_value, keep=top_p_mask(probs, top_p, at_least), probs=probs)
+    state.filtered(processor.filter_value, keep=top_p_mask(probs, top_p, at_least, branch=candidates), probs=probs)
 
 
 def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:
@@ -292,14 +294,13 @@ def _rounds_at_most(threshold: float) -> tuple[float, bool]:
     return (threshold + above) / 2, bits % 2 == 0
 
 
-def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -> torch.Tensor:
+def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *, branch: bool = False) -> torch.Tensor:
     """The tokens HF's `TopPLogitsWarper(top_p, min_tokens_to_keep)` keeps, by a radix select.
 
     The kept tokens are those above a boundary probability `p*` plus some of those equal to it.
     For non-negative floats the bit pattern orders like the value, so `p*` is found from two
-    probability-weighted histograms: of the high 11 bits (which bucket holds the token where HF's
-    ascending cumulative sum crosses `1 - top_p`), then of the next 10 and the last 10 bits inside
-    that bucket. Sums
+    probability-weighted histograms: of the high bits (which bucket holds the token where HF's
+    ascending cumulative sum crosses `1 - top_p`), then of the lower bits inside that bucket. Sums
     are float64, rounded to float32 before the comparison, as HF's `cumsum` (double accumulation on
     CPU) rounds its output. Fixed shapes, no sort, no host-device sync.
 
@@ -307,6 +308,8 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -
         probs: `(batch, vocab)` float32 probabilities, `softmax` of the scores.
         top_p: Keep the most probable tokens whose probabilities add up to `top_p`. Range [0, 1].
         min_tokens_to_keep: Keep at least that many tokens. Default: 1.
+        branch: Allow one data-dependent check that skips the tie ranking when no tie group is
+            split (CPU eager). Default: False, fixed shapes only.
 
     Returns:
         `(batch, vocab)` bool, True for the tokens kept.
@@ -320,20 +323,24 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -
     bits = probs.view(torch.int32)  # [N, V]; p in [0, 1] has bits <= 0x3F800000
     mass = probs.double()  # [N, V]
 
-    # Level 1, the high 11 bits: the bucket of the first token (ascending) whose running sum survives.
-    # (2048 bins hold any non-negative bit pattern, so a NaN row cannot index out of range.)
-    hist = mass.new_zeros(n, 1 << 11).scatter_add_(1, (bits >> 20).long(), mass)
-    prefix = _count_removed(hist.cumsum_(dim=1), cut, inclusive)  # [N, 1]; 2048 when every token goes
-    nothing = prefix >= 1 << 11
-    prefix = prefix.clamp_(max=(1 << 11) - 1).int()
-    # Levels 2 and 3, 10 bits each inside the bucket found so far. Bin 0 gathers every token below the
-    # bucket and bin 1025 every token above, so the running sum over bins is the one over tokens.
-    for shift in (10, 0):
-        low = ((bits >> shift) - ((prefix << 10) - 1)).clamp_(0, 1025).long()  # [N, V]
-        hist = mass.new_zeros(n, 1026).scatter_add_(1, low, mass)
+    # Level 1, the high bits: the bucket of the first token (ascending) whose running sum survives;
+    # its bins cover any non-negative bit pattern, so a NaN row cannot index out of range. Then the
+    # remaining bits inside that bucket, where bin 0 gathers every token below the bucket and the last
+    # bin every token above, so the running sum over bins is the one over tokens. Large inputs take
+    # two levels (16 + 15 bits), small ones three (11 + 10 + 10) to keep the histograms small.
+    high, levels = (15, (15,)) if n * vocab > 1 << 20 else (20, (10, 10))
+    hist = mass.new_zeros(n, 1 << (31 - high)).scatter_add_(1, (bits >> high).long(), mass)
+    prefix = _count_removed(hist.cumsum_(dim=1), cut, inclusive)  # [N, 1]; == bins when every token goes
+    nothing = prefix >= hist.shape[1]
+    prefix = prefix.clamp_(max=hist.shape[1] - 1).int()
+    shift = high
+    for width in levels:
+        shift -= width
+        low = ((bits >> shift) - ((prefix << width) - 1)).clamp_(0, (1 << width) + 1).long()  # [N, V]
+        hist = mass.new_zeros(n, (1 << width) + 2).scatter_add_(1, low, mass)
         cum = hist.cumsum(dim=1)
-        pos = _count_removed(cum, cut, inclusive).clamp_(1, 1024)  # [N, 1] bin inside the bucket
-        prefix = (prefix << 10) | (pos.int() - 1)
+        pos = _count_removed(cum, cut, inclusive).clamp_(1, 1 << width)  # [N, 1] bin inside the bucket
+        prefix = (prefix << width) | (pos.int() - 1)
     boundary = prefix  # [N, 1] bits of p*
     below = cum.gather(1, pos - 1)  # [N, 1] mass strictly below p*
     p_star = boundary.view(torch.float32).double().clamp_min_(1e-300)
@@ -355,7 +362,8 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1) -
         longer = (floor < boundary) | ((floor == boundary) & (need > kept))
         boundary = torch.where(longer, floor, boundary)
         kept = torch.where(longer, need, kept)
-
+    elif branch and bool((kept == ties).all()):
+        return bits >= boundary  # no tie group is split: no ranking needed
     at_boundary = bits == boundary  # [N, V]
     rank = torch.cumsum(at_boundary, dim=-1, dtype=torch.int32)  # 1-based among the ties
     return (bits > boundary) | (at_boundary & (rank <= kept.int()))
