@@ -19,7 +19,7 @@ import hfbridge
 __all__ = ["main"]
 
 _DEMO_EPILOG = """\
-The model is hfbridge.demo.DemoLM, a 0.9M-parameter byte-level transformer trained by
+The model is hfbridge.demo.DemoLM, a 0.9M-parameter byte-level BPE transformer trained by
 `python -m hfbridge.demo.train` on text written for this project; it is a plain torch module,
 not a transformers model. Every setting uses the same seed, so a run is repeatable.
 
@@ -62,6 +62,13 @@ def run_demo(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    try:
+        # Checked before anything streams, so a bad value is one clear line, not a traceback.
+        for _, options in _settings(args):
+            hfbridge.Sampler(**options)
+    except (TypeError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     model, tokenizer = load_demo_model(), load_demo_tokenizer()
     prompt_ids = tokenizer(args.prompt, return_tensors="pt").input_ids  # [1, T]
     if prompt_ids.shape[1] == 0:
@@ -105,6 +112,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m hfbridge`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -117,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo",
         help="stream text from the bundled demo model under several settings, offline",
-        description="Stream text from hfbridge's bundled demo model (offline, CPU) under three settings "
-        "-- greedy; temperature + top-p; repetition penalty -- then print an explain_step table "
-        "of the first step.",
+        description="Stream text from hfbridge's bundled demo model (offline, CPU) under three settings\n"
+        "-- greedy; temperature + top-p; repetition penalty -- then print an explain_step table\n"
+        "of what each logits processor did to the first step.",
         epilog=_DEMO_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -132,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--top-p", type=float, default=0.9, help="top_p of the sampling setting (default: %(default)s)")
     demo.add_argument("--repetition-penalty", type=float, default=1.3,
                       help="penalty of the repetition-penalty setting (default: %(default)s)")
-    demo.add_argument("--explain-top", type=int, default=5,
+    demo.add_argument("--explain-top", type=_non_negative, default=5,
                       help="tokens per stage in the explain_step table; 0 skips the table (default: %(default)s)")
     demo.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (default: %(default)s)")
     return parser

@@ -142,6 +142,12 @@ def test_demo_rejects_too_many_tokens(capsys):
     assert "--max-new-tokens=300" in capsys.readouterr().err
 
 
+def test_demo_rejects_bad_settings_before_streaming(capsys):
+    assert main(["demo", "--top-p", "1.5"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "`top_p`=1.5" in captured.err
+
+
 def test_demo_command_runs_offline_with_bounded_output():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     result = subprocess.run(
@@ -156,3 +162,12 @@ def test_demo_command_runs_offline_with_bounded_output():
     for name in ("RepetitionPenaltyLogitsProcessor", "TemperatureLogitsWarper", "TopPLogitsWarper", "<- chosen"):
         assert name in out
     assert out.count("The cat") >= 3  # each setting streams the prompt and its continuation
+
+
+@pytest.mark.parametrize("module", ["hfbridge.demo", "hfbridge.demo._model", "hfbridge.demo._assets", "hfbridge.demo.train"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    failures, tried = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert tried > 0 and failures == 0

@@ -227,3 +227,13 @@ def test_user_processor_runs_once_and_shows_its_settings():
     assert trace.stages[1].params == {"token": 4, "bias": 5.0}  # constructor settings, not state
     assert trace.stages[1].scores.tolist() == pytest.approx([2.0, 1.0, 0.5, -1.0, 5.0])
     assert trace.stages[-1].top_ids[0] == 4
+
+
+def test_docstring_examples():
+    pytest.importorskip("matplotlib")
+    import doctest
+
+    import hfbridge._explain
+
+    failures, tried = doctest.testmod(hfbridge._explain, optionflags=doctest.ELLIPSIS)
+    assert tried > 0 and failures == 0

@@ -3,7 +3,7 @@
 The corpus is ``corpus.txt`` next to this file: a short field guide to decoding, some Python,
 a few little stories and the project's design notes, all written for hfbridge. Nothing is
 downloaded. With the default settings the run is seeded and single-threaded, so it writes
-the same ``tokenizer.json`` and ``model.pt`` every time; it takes about five minutes on one
+the same ``tokenizer.json`` and ``model.pt`` every time; it takes five to ten minutes on one
 CPU core.
 """
 
