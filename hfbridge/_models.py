@@ -359,6 +359,11 @@ class Hooks(ModelAdapter):
 
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
+        if not accepts(self.hook_signature, "attention_mask"):
+            raise TypeError(
+                "prepare_inputs must accept the state's `attention_mask` (its parameters: "
+                f"{_parameter_list(self.hook_signature)}); add `attention_mask=None` or `**state`."
+            )
         self.check_inputs(list(model_inputs))
         return {"attention_mask": attention_mask, **model_inputs}
 

@@ -480,7 +480,7 @@ def _raises_before_any_call(exception, message, **kwargs):
     prompt = kwargs.pop("input_ids", PROMPT)
     with pytest.raises(exception, match=re.escape(message)):
         generate(model, prompt, **kwargs)
-    assert getattr(model, "calls", 0) == 0
+    assert getattr(getattr(model, "model", model), "calls", 0) == 0  # an adapter's model, or the model
 
 
 def test_max_new_tokens_below_one():
@@ -624,6 +624,13 @@ def test_adapter_output_errors_name_the_step():
         "(the model's parameters: idx)."
     )):
         generate(Hooks(Counting(), lambda input_ids, **state: {"tokens": input_ids}), PROMPT, max_new_tokens=2)
+
+
+def test_hooks_must_take_the_mask():
+    _raises_before_any_call(
+        TypeError, "prepare_inputs must accept the state's `attention_mask` (its parameters: input_ids); add "
+                   "`attention_mask=None` or `**state`.",
+        model=Hooks(Counting(), lambda input_ids: {"idx": input_ids}), max_new_tokens=2)
 
 
 def test_adapter_construction_errors():
