@@ -19,7 +19,7 @@ from ._step import Sampler, extract_logits
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
 
-_MAX_LIST_PARAM = 8  # longer list/tensor parameters are summarised by their length
+_MAX_LIST_PARAM = 8  # longer lists or tensors (vocabulary-sized masks) are not shown as parameters
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,9 @@ class Stage:
     """The distribution of one row at one point of the step.
 
     Attributes:
-        name: ``"input"`` for the model's scores, else the processor's class name.
-        params: The processor's settings (``{"temperature": 0.7}``); empty for the input.
+        name: ``"input"`` for the model's scores, else the processor's class name (with its
+            package in front when it is not from transformers: ``xgrammar.LogitsProcessor``).
+        params: The processor's constructor settings (``{"temperature": 0.7}``); empty for the input.
         scores: ``(vocab,)`` float32 scores after this stage; ``-inf`` marks removed tokens.
         top_ids: Ids of the ``top`` highest-scoring tokens still possible, best first.
         top_scores: Their scores.
@@ -100,13 +101,9 @@ class StepTrace:
 
     def _summary(self) -> str:
         how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
-        last = self.stages[-1]
-        p = last.probs()[self.token].item()
-        return (
-            f"row {self.row} of {self.batch_rows}: token {self.token} {self.token_label(self.token) if self.tokenizer else ''}"
-            .rstrip()
-            + f" {how}, p={p:.3f} after {len(self.stages) - 1} processor(s)"
-        )
+        token = f"token {self.token}" + (f" {self.token_label(self.token)}" if self.tokenizer is not None else "")
+        p = self.stages[-1].probs()[self.token].item()
+        return f"row {self.row} of {self.batch_rows}: {token} {how}, p={p:.3f} after {len(self.stages) - 1} processor(s)"
 
     def __str__(self) -> str:
         lines = [f"explain_step: {self._summary()}"]
@@ -175,8 +172,9 @@ class StepTrace:
     def plot(self, *, top: int | None = None, ax: Any = None):
         """Stacked bars: how the probability of the top tokens moves from stage to stage.
 
-        Each bar is one stage; each coloured segment is one token (the input's top tokens, plus
-        the chosen one), grey is every other token. The chosen token is hatched.
+        Each bar is one stage; each coloured segment is one token (the input's top tokens, the
+        last stage's top three and the chosen one), grey is every other token. The chosen token
+        is hatched.
 
         Args:
             top: How many tokens get their own colour. Default: the trace's ``top`` (at most 10).
@@ -202,9 +200,11 @@ class StepTrace:
         count = min(top if top is not None else len(self.stages[0].top_ids), 10)
         if count < 1:
             raise ValueError(f"top: expected a positive number of tokens to plot, got {top!r}")
+        # The input's leaders, plus whatever the processors promoted to the top, plus the choice.
         tokens = list(self.stages[0].top_ids[:count])
-        if self.token not in tokens:
-            tokens.append(self.token)
+        for token_id in [*self.stages[-1].top_ids[: min(count, 3)], self.token]:
+            if token_id not in tokens:
+                tokens.append(token_id)
         probs = torch.stack([s.probs() for s in self.stages])  # [stages, vocab]
         shown = probs[:, tokens]  # [stages, tokens]
         rest = (1.0 - shown.sum(dim=1)).clamp_min(0.0)
