@@ -1,6 +1,6 @@
 """`generate`: HF's decoding loop (`GenerationMixin._sample`) for models that are just callables.
 
-One call of `generate`, in order (the numbers follow HF's `generate`):
+One call of `generate`, in the order of HF's `generate`:
 1. check the arguments and split `**kwargs` into generation options and model inputs;
 2. merge the options into a `GenerationConfig` as HF does (`_prepare_generation_config`), with
    lengths (`_prepare_generated_length`) and special tokens (`_prepare_special_tokens`) from HF;

@@ -89,8 +89,21 @@ class ModelAdapter:
     `generate` calls `start` once, then at every step `forward` (the model call) and `update`
     (carry outputs forward), and hands `logits(outputs)` to the sampling step.
 
+    Subclass it for a calling convention the four adapters do not cover: override `forward`, and
+    `update` / `logits` / `cache` where needed (`state` is a dict; keys starting with `_` are the
+    adapter's own, the others are model inputs).
+
     Args:
         model: The model: any callable (an `nn.Module`, a function, a compiled module).
+
+    >>> import torch
+    >>> from hfbridge import ModelAdapter, generate
+    >>> class EveryOther(ModelAdapter):               # a toy: the model sees every other token
+    ...     def forward(self, input_ids, state):
+    ...         return self.model(input_ids[:, ::2])
+    >>> table = torch.randn(8, 8)
+    >>> generate(EveryOther(lambda ids: table[ids]), torch.tensor([[1, 2, 3]]), max_new_tokens=2).shape
+    torch.Size([1, 5])
     """
 
     #: Model inputs that the adapter itself supplies; `generate` keyword arguments may not use them.
@@ -113,7 +126,7 @@ class ModelAdapter:
     def check_inputs(self, names: list[str]) -> None:
         """Raise `TypeError` when the model cannot take the model inputs `names` as keywords."""
         for name in names:
-            if name in self.reserved or name == "attention_mask":
+            if name in self.reserved:
                 raise TypeError(
                     f"generate() got the model input `{name}`, but {type(self).__name__} supplies `{name}` itself; "
                     "remove it from the call."
@@ -346,11 +359,6 @@ class Hooks(ModelAdapter):
 
     def check_inputs(self, names: list[str]) -> None:
         for name in names:
-            if name == "attention_mask":
-                raise TypeError(
-                    "generate() got the model input `attention_mask` twice: pass it as generate(..., attention_mask=...) "
-                    "only; it reaches prepare_inputs in the state."
-                )
             if not accepts(self.hook_signature, name):
                 raise TypeError(
                     f"generate() got `{name}`, which is neither a generation option nor a state entry that "
