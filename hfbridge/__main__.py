@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_DEMO_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--prompt", default="The model", help="text to continue (default: %(default)r)")
+    demo.add_argument("--prompt", default="The train", help="text to continue (default: %(default)r)")
     demo.add_argument("--max-new-tokens", type=_positive, default=48,
                       help="tokens to generate per setting (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator used for sampling (default: %(default)s)")
