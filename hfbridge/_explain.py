@@ -309,21 +309,15 @@ def explain_step(
         params = _processor_params(processor)  # before the call: settings, not state it builds
         scores = processor(ids, scores.clone())
         stages.append(_stage(_processor_name(processor), params, scores[row], top))
-    empty = ~(scores > float("-inf")).any(dim=-1)
-    if bool(empty.any()):
-        first = int(empty.nonzero()[0, 0])
-        raise ValueError(
-            f"the logits processors {[type(p).__name__ for p in processors]} removed every token of row {first}: "
-            "nothing is left to choose. Relax the options, e.g. `bad_words_ids`, `suppress_tokens` or `min_p`."
-        )
-    # Choose for every row, as the step does, so a seeded generator draws the token `sample_step` would.
-    # The processors are not run again: stateful ones (grammar matchers) must see each step once.
+    # Choose for every row, as the step does, so a seeded generator draws the token `sample_step`
+    # would (and a row left with no token is the step's own error). The processors are not run
+    # again: stateful ones (grammar matchers) must see each step once.
     if sampler.fast and sampler.do_sample:
         from ._fast import fast_sample
 
         tokens = fast_sample(ids, rows, processors, sampler.generator)
     else:
-        tokens = sampler.choose(scores)
+        tokens = sampler.choose(scores, raw=rows)
     return StepTrace(
         stages=stages,
         token=int(tokens[row]),

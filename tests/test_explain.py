@@ -237,3 +237,17 @@ def test_docstring_examples():
 
     failures, tried = doctest.testmod(hfbridge._explain, optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
+
+
+def test_fast_path_choice_is_sample_steps():
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(3))  # [B, V]
+    options = dict(temperature=0.9, top_k=40, top_p=0.9, fast=True)
+    expected = sample_step(logits, generator=torch.Generator().manual_seed(1), **options)
+    trace = explain_step(logits, row=2, generator=torch.Generator().manual_seed(1), **options)
+    assert trace.token == int(expected[2])
+    assert torch.isfinite(trace.stages[-1].scores[trace.token])
+
+
+def test_processors_that_remove_everything_are_the_steps_error():
+    with pytest.raises(ValueError, match="row 0"):
+        explain_step(LOGITS, suppress_tokens=[0, 1, 2, 3, 4])
