@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hfbridge.demo._model import DemoConfig, DemoLM
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = ["ASSET_DIR", "EOS_TOKEN", "PAD_TOKEN", "load_demo_model", "load_demo_tokenizer"]
 
@@ -41,7 +45,7 @@ def load_demo_model(device: torch.device | str | None = None, dtype: torch.dtype
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_demo_tokenizer():
+def load_demo_tokenizer() -> PreTrainedTokenizerFast:
     """The byte-level BPE tokenizer of the demo model, as a ``PreTrainedTokenizerFast``.
 
     ``eos_token`` is ``<|endoftext|>``, ``pad_token`` is ``<|pad|>`` and padding is on the

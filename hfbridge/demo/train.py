@@ -13,12 +13,16 @@ import argparse
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from hfbridge.demo._assets import ASSET_DIR, EOS_TOKEN, PAD_TOKEN
 from hfbridge.demo._model import DemoConfig, DemoLM
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["build_tokenizer", "corpus_documents", "main", "train"]
 
@@ -41,7 +45,7 @@ def corpus_documents(path: Path | None = None) -> list[str]:
     return docs
 
 
-def build_tokenizer(documents: list[str], vocab_size: int = 512):
+def build_tokenizer(documents: list[str], vocab_size: int = 512) -> Tokenizer:
     """Train a byte-level BPE ``tokenizers.Tokenizer`` on ``documents``.
 
     Byte-level means any text can be encoded (no unknown token), and the GPT-2 style
@@ -62,7 +66,7 @@ def build_tokenizer(documents: list[str], vocab_size: int = 512):
     return tokenizer
 
 
-def _token_stream(tokenizer, documents: list[str]) -> torch.Tensor:
+def _token_stream(tokenizer: Tokenizer, documents: list[str]) -> torch.Tensor:
     eos = tokenizer.token_to_id(EOS_TOKEN)
     ids: list[int] = []
     for doc in documents:
