@@ -14,8 +14,12 @@ import warnings
 from typing import Any
 
 import torch
+import transformers
 from transformers import GenerationConfig, PretrainedConfig
 from transformers.generation.utils import GenerationMixin
+
+
+_TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
 
 class ProcessorHost(GenerationMixin):
@@ -106,11 +110,13 @@ def prepare_lengths(host: ProcessorHost, generation_config: GenerationConfig, *,
                     options: dict[str, Any], prompt_length: int) -> None:
     """HF's `_prepare_generated_length`, in place: `max_new_tokens`/`min_new_tokens` become lengths.
 
-    The "has default" flags are computed as transformers 5.x computes them; older versions use them
-    only to decide whether to warn, so the resulting lengths are the same.
+    The "has default" flags are computed as the installed `generate` computes them (they decide
+    HF's warnings, and in transformers 5 whether the default `max_length` counts new tokens only).
     """
 
     def has_default(name: str) -> bool:
+        if _TRANSFORMERS_MAJOR < 5:
+            return options.get(name) is None and getattr(generation_config, name, None) is not None
         return (
             options.get(name) is None
             and (user_config is None or getattr(user_config, name, None) is None)

@@ -108,6 +108,7 @@ def make_generation_config(
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
     _check_values(config)
+    _refuse_model_bound_options(config, caller)
     needing = [name for name in _NEEDS_PROMPT_LENGTH if getattr(config, name, None) is not None]
     if prompt_length is None and needing:
         raise ValueError(
@@ -151,6 +152,22 @@ def _check_values(config: GenerationConfig) -> None:
             processor_class(value)
         except ValueError as error:
             raise ValueError(f"`{name}`={value!r} is out of range: {error}") from None
+
+
+def _refuse_model_bound_options(config: GenerationConfig, caller: str) -> None:
+    """Options whose HF processor needs the model itself (or its config), which hfbridge never has."""
+    if getattr(config, "guidance_scale", None) not in (None, 1, 1.0):
+        raise ValueError(
+            f"{caller}() cannot apply `guidance_scale`={config.guidance_scale}: HF's classifier-free guidance "
+            "calls the model a second time itself. Compute the unconditional logits in your loop and pass a "
+            "processor that mixes them via `processors=`."
+        )
+    if getattr(config, "watermarking_config", None) is not None:
+        raise ValueError(
+            f"{caller}() cannot build a watermarking processor from `watermarking_config` (HF builds it from "
+            "the model's config); construct it yourself, e.g. "
+            "`config.construct_processor(vocab_size, device)`, and pass it via `processors=`."
+        )
 
 
 def build_processors(

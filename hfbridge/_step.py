@@ -7,6 +7,7 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -95,6 +96,27 @@ class Sampler:
         fast: bool = False,
         **generation_kwargs: Any,
     ):
+        config = make_generation_config(
+            generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
+        )
+        self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
+                    prompt_length=prompt_length, attention_mask=attention_mask, fast=fast)
+
+    @classmethod
+    def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> "Sampler":
+        """A Sampler for a config already prepared by `make_generation_config` (HF defaults and
+        lengths applied), skipping the second preparation and its warnings; used by `generate`.
+
+        Takes the same keyword arguments as `Sampler` except the generation options.
+        """
+        sampler = cls.__new__(cls)
+        sampler._setup(copy.deepcopy(generation_config), **options)
+        return sampler
+
+    def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
+               layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
+               prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
+               fast: bool = False) -> None:
         if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1):
             raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -109,10 +131,8 @@ class Sampler:
         self.generator = generator
         self.prompt_length = prompt_length
         self.fast = bool(fast)
-        self.generation_config = make_generation_config(
-            generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
-        )
-        self.do_sample = bool(self.generation_config.do_sample)
+        self.generation_config = config
+        self.do_sample = bool(config.do_sample)
         self._user_processors = processors
         self._attention_mask = attention_mask
         self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
@@ -142,16 +162,22 @@ class Sampler:
         batch_shape = layout.batch_shape(logits)
         view = self._last_rows(logits, layout)  # [N, V], the caller's memory
         ids = self.input_rows(input_ids, view, batch_shape=batch_shape)
-        processors = self._processors_on(view.device)
+        return layout.from_rows(self.next_tokens(ids, view), batch_shape)
+
+    def next_tokens(self, input_ids: torch.LongTensor, rows: torch.Tensor) -> torch.LongTensor:
+        """`(rows,)` next tokens from `(rows, vocab)` logits and `(rows, seq)` ids (see `input_rows`).
+
+        `rows` is read, never modified (processors run on a float32 copy). Uses the fused path
+        when the sampler is `fast` and sampling.
+        """
+        processors = self._processors_on(rows.device)
         if self.fast and self.do_sample:
             from ._fast import fast_sample
 
-            tokens = fast_sample(ids, self._float_copy(view), processors, self.generator)
-        elif not processors and not self.do_sample:
-            tokens = self.choose(view)  # plain argmax reads the logits without copying them
-        else:
-            tokens = self.choose(self.process(ids, self._float_copy(view)), raw=view)
-        return layout.from_rows(tokens, batch_shape)
+            return fast_sample(input_ids, self._float_copy(rows), processors, self.generator)
+        if not processors and not self.do_sample:
+            return self.choose(rows)  # plain argmax reads the logits without copying them
+        return self.choose(self.process(input_ids, self._float_copy(rows)), raw=rows)
 
     def rows(self, logits: Any) -> torch.Tensor:
         """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.

@@ -211,3 +211,32 @@ def test_generation_config_type_error():
 def test_processor_that_is_not_callable():
     with pytest.raises(TypeError, match=re.escape("`processors[1]` must be callable as (input_ids, scores) -> scores, got int.")):
         build_processors(processors=[hf.TemperatureLogitsWarper(0.5), 3])
+
+
+def test_guidance_scale_is_refused_with_a_way_out():
+    with pytest.raises(ValueError, match=re.escape("sample_step() cannot apply `guidance_scale`=2.0")):
+        sample_step(torch.zeros(1, 3), generation_config=GenerationConfig(guidance_scale=2.0))
+
+
+def test_watermarking_is_refused_with_a_way_out():
+    from transformers import WatermarkingConfig
+
+    config = GenerationConfig(watermarking_config=WatermarkingConfig())
+    with pytest.raises(ValueError, match=re.escape("sample_step() cannot build a watermarking processor")):
+        sample_step(torch.zeros(1, 3), generation_config=config)
+
+
+def test_max_new_tokens_alone_gives_no_length_warning(caplog):
+    with caplog.at_level("WARNING"):
+        build_processors(prompt_length=4, max_new_tokens=3, forced_eos_token_id=2)
+    assert "seem to have been set" not in caplog.text
+
+
+def test_sampler_from_prepared_config_equals_sampler():
+    from hfbridge._processors import make_generation_config
+
+    config = make_generation_config(temperature=0.5, top_p=0.8, repetition_penalty=1.1)
+    before = config.to_dict()
+    ours = Sampler.from_prepared(config)
+    assert config.to_dict() == before
+    assert describe(ours.processors) == describe(Sampler(temperature=0.5, top_p=0.8, repetition_penalty=1.1).processors)
