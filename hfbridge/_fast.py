@@ -118,10 +118,14 @@ class _State:
         self.cand: torch.Tensor | None = None  # [N, K] float32 scores, sorted descending
         self.cand_keep: torch.Tensor | None = None  # [N, K] bool
         self.filter_value = _NEG_INF
+        self.temperature: float | None = None  # a division not yet applied to `scores`
 
     def materialize(self) -> torch.Tensor:
-        """Write the pending filter into `scores` and return them."""
+        """Write the pending temperature and filter into `scores` and return them."""
         n, vocab = self.scores.shape
+        if self.temperature is not None:
+            self.scores.div_(self.temperature)  # HF: scores / temperature
+            self.temperature = None
         if self.ids is not None:
             self.keep = self.scores.new_zeros((n, vocab), dtype=torch.bool).scatter_(1, self.ids, self.cand_keep)
             self.ids = self.cand = self.cand_keep = None
@@ -155,8 +159,9 @@ def _run(input_ids, scores: torch.Tensor, processors, candidates: bool | None) -
     for processor in processors:
         kind = type(processor)
         if kind is TemperatureLogitsWarper:
-            state.materialize().div_(processor.temperature)  # HF: scores / temperature
-            state.probs = None
+            # Deferred: a top-k right after it only needs the division at its candidates.
+            state.materialize()
+            state.temperature = processor.temperature
         elif kind is TopKLogitsWarper:
             _top_k(state, processor, candidates)
         elif kind is TopPLogitsWarper:
@@ -175,16 +180,22 @@ def _run(input_ids, scores: torch.Tensor, processors, candidates: bool | None) -
 
 
 def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None:
-    scores = state.materialize()
-    vocab = scores.shape[-1]
+    if state.keep is not None or state.ids is not None:
+        state.materialize()
+    vocab = state.scores.shape[-1]
     k = min(processor.top_k, vocab)  # HF's own clamp; HF already folded min_tokens_to_keep into top_k
     if candidates and k < vocab:
         # The k best are all that survive unless the (k+1)-th ties with the k-th (HF keeps ties).
-        cand, ids = top_candidates(scores, k + 1)  # [N, k+1]
+        # Dividing by a positive temperature keeps the order, so the candidates of the undivided
+        # scores are HF's, and dividing just them gives HF's values bit for bit.
+        cand, ids = top_candidates(state.scores, k + 1)  # [N, k+1]
+        if state.temperature is not None:
+            cand = cand / state.temperature
         if bool((cand[:, k - 1] > cand[:, k]).all()):
             keep = torch.ones_like(ids[:, :k], dtype=torch.bool)
             state.filtered(processor.filter_value, ids=ids[:, :k], cand=cand[:, :k], cand_keep=keep)
             return
+    scores = state.materialize()
     kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # [N, 1], as HF
     state.filtered(processor.filter_value, keep=scores >= kth)
 
@@ -224,7 +235,8 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
         reach = probs.gather(1, ids).double().sum(dim=-1) + (_CANDIDATES[-1] - k) * probs.gather(1, ids[:, -1:])[:, 0]
         if k == vocab or not bool((reach > top_p).all()):
             break
-    state.filtered(processor.filter_value, keep=top_p_mask(probs, top_p, at_least, branch=candidates), probs=probs)
+    state.filtered(processor.filter_value, keep=top_p_mask(probs, top_p, at_least, scores=scores, branch=candidates),
+                   probs=probs)
 
 
 def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:
@@ -294,7 +306,8 @@ def _rounds_at_most(threshold: float) -> tuple[float, bool]:
     return (threshold + above) / 2, bits % 2 == 0
 
 
-def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *, branch: bool = False) -> torch.Tensor:
+def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,
+               scores: torch.Tensor | None = None, branch: bool = False) -> torch.Tensor:
     """The tokens HF's `TopPLogitsWarper(top_p, min_tokens_to_keep)` keeps, by a radix select.
 
     The kept tokens are those above a boundary probability `p*` plus some of those equal to it.
@@ -308,6 +321,8 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
         probs: `(batch, vocab)` float32 probabilities, `softmax` of the scores.
         top_p: Keep the most probable tokens whose probabilities add up to `top_p`. Range [0, 1].
         min_tokens_to_keep: Keep at least that many tokens. Default: 1.
+        scores: The scores `probs` came from; when given, tokens at -inf are the last kept among
+            equal (zero) probabilities, as in HF's order.
         branch: Allow one data-dependent check that skips the tie ranking when no tie group is
             split (CPU eager). Default: False, fixed shapes only.
 
@@ -352,7 +367,8 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
     kept = ties - gone.clamp_(min=0).minimum(ties)  # [N, 1] ties kept, lowest ids first
     boundary = boundary.masked_fill(nothing, 0x7F800000)  # above every probability: nothing kept
 
-    if min_tokens_to_keep > 1 or threshold >= _float32(0.99):
+    forced = min_tokens_to_keep > 1 or threshold >= _float32(0.99)
+    if forced:
         # HF always keeps its last `min_tokens_to_keep` tokens. With 1 that matters only when the
         # whole mass (about 1) rounds to <= threshold, impossible unless top_p is tiny.
         m = min(min_tokens_to_keep, vocab)
@@ -365,6 +381,9 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
     elif branch and bool((kept == ties).all()):
         return bits >= boundary  # no tie group is split: no ranking needed
     at_boundary = bits == boundary  # [N, V]
+    if forced and scores is not None:
+        # HF ranks equal probabilities by score: -inf ones come first, so they are never kept first.
+        at_boundary &= scores > _NEG_INF
     rank = torch.cumsum(at_boundary, dim=-1, dtype=torch.int32)  # 1-based among the ties
     return (bits > boundary) | (at_boundary & (rank <= kept.int()))
 
