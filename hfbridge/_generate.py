@@ -12,12 +12,9 @@ One call of `generate`, in the order of HF's `generate`:
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
 import difflib
 import inspect
-import logging
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,7 +22,6 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
-from transformers.utils import logging as hf_logging
 
 from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
@@ -216,7 +212,6 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
                                     accepted=generation_option_names(), caller="generate", **options)
     _check_config(config, tokenizer)
     host = ProcessorHost(device=device)
-    sampler_config = copy.deepcopy(config)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
     if attention_mask is None:
         attention_mask = _inferred_mask(host, input_ids, config)
@@ -252,9 +247,9 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
         )
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
-    with _quiet_hf():  # the config is prepared already: preparing it again would repeat HF's warnings
-        sampler = Sampler(sampler_config, processors=processors, layout=layout, vocab_size=vocab_size,
-                          generator=generator, prompt_length=prompt_length, attention_mask=padding, fast=fast)
+    sampler = Sampler.from_prepared(config, processors=processors, layout=layout, vocab_size=vocab_size,
+                                    generator=generator, prompt_length=prompt_length, attention_mask=padding,
+                                    fast=fast)
     state = adapter.start(sequences, mask, model_inputs)
     return_dict = bool(config.return_dict_in_generate)
     return _Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
@@ -287,8 +282,7 @@ def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any) -> None
                 f"but {vocab} at step 0; the vocabulary size must stay the same."
             )
         if call.raw_logits is not None:
-            # HF keeps the very tensor its processors receive; the fused path overwrites it, so copy
-            call.raw_logits += (rows.clone() if use_fast else rows,)
+            call.raw_logits += (rows,)  # HF keeps the very tensor its processors receive
         tokens = _choose(sampler, call, rows, step, use_fast)  # [N]
         if pads_finished_rows:
             # finished sentences get the padding token, as HF's `_sample`
@@ -324,9 +318,7 @@ def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fa
     """Processors then token choice; a processor's own exception gets the step as a note."""
     try:
         if use_fast:
-            from ._fast import fast_sample
-
-            return fast_sample(call.sequences, rows, sampler._processors_on(rows.device), sampler.generator)
+            return sampler.next_tokens(call.sequences, rows)  # reads rows, never modifies them
         scores = sampler.process(call.sequences, rows)  # [N, V]
     except Exception as error:
         _add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
@@ -339,18 +331,6 @@ def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fa
 def _pads_finished_rows(criteria: StoppingCriteriaList) -> bool:
     """HF's `has_eos_stopping_criteria`: finished rows get the pad token only when a criterion knows eos."""
     return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
-
-
-@contextlib.contextmanager
-def _quiet_hf():
-    """Silence transformers' generation logger (warnings it already gave for this call)."""
-    logger = hf_logging.get_logger("transformers.generation.utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _check_input_ids(input_ids: Any) -> None:
@@ -431,14 +411,10 @@ def _check_streamer(streamer: Any) -> None:
 
 
 # Options HF's `generate` implements with more than logits processors: (is it set?, why it cannot work here).
+# (`guidance_scale` and `watermarking_config` are refused for the step and the loop alike in `_processors`.)
 _UNSUPPORTED = {
     "penalty_alpha": (lambda value: value is not None and value > 0,
                       "contrastive search re-ranks candidates with the model's hidden states"),
-    "guidance_scale": (lambda value: value is not None and value != 1,
-                       "classifier-free guidance needs a second, unconditional model call per step"),
-    "watermarking_config": (lambda value: value is not None,
-                            "build the watermark processor yourself (e.g. transformers.WatermarkLogitsProcessor) "
-                            "and pass it in processors="),
     "token_healing": (lambda value: bool(value), "token healing re-tokenizes the prompt; heal it before the call"),
 }
 

@@ -220,7 +220,8 @@ def processors_for_config(
     device = torch.device(device) if device is not None else torch.device("cpu")
     user = _as_processor_list(processors)
     host = ProcessorHost(device=device)
-    host.prepare_special_tokens(config, attention_mask is not None, device)
+    # None, not False, for "no mask": HF then skips its padding warnings, which are `generate`'s to give.
+    host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
     return host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
                                  attention_mask=attention_mask)
 
