@@ -28,3 +28,16 @@ def test_ci_oldest_transformers_is_the_setup_cfg_floor():
     floor = re.search(r"transformers>=([\d.]+)", (ROOT / "setup.cfg").read_text()).group(1)
     oldest = re.search(r'TRANSFORMERS_OLDEST="([\d.]+)"', (ROOT / ".ci" / "run").read_text()).group(1)
     assert oldest.startswith(floor + ".") or oldest == floor
+
+
+def runnable_examples() -> list[str]:
+    """The README's self-contained Python examples: the blocks that start with their imports."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    return [block for block in blocks if block.startswith(("import ", "from "))]
+
+
+def test_readme_examples_run():
+    examples = runnable_examples()
+    assert len(examples) >= 4
+    for example in examples:
+        exec(compile(example, "README.md", "exec"), {})
