@@ -1,29 +1,40 @@
 """The fast path: HF's sampling distribution without a full sort or `torch.multinomial`.
 
 `fast_sample` walks a `LogitsProcessorList` in order. Processors it knows are replaced by fused
-kernels that keep exactly the tokens HF's keep; any other processor is called through HF unchanged.
-Known processors are matched by exact type (a subclass that overrides `__call__` goes through HF):
+kernels that keep the tokens HF's keep; any other processor is called through HF unchanged, in its
+place. Known processors are matched by exact type (a subclass that overrides `__call__` goes
+through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) are read from them:
 
-- `TemperatureLogitsWarper`: the same `scores / temperature`, in place.
-- `TopKLogitsWarper`: the same threshold, the k-th largest score; ties at it all survive, as in HF.
+- `TemperatureLogitsWarper`: the same `scores / temperature`, deferred: a top-k right after it
+  divides only its candidates (dividing by a positive number keeps the order).
+- `TopKLogitsWarper`: HF's threshold, the k-th largest score; ties with it all survive, as in HF.
+  The draw then looks at the k candidates only.
 - `TopPLogitsWarper`: HF sorts ascending and drops every token whose cumulative probability is
-  `<= 1 - top_p` (a float32 comparison). Here the boundary is found without the sort, either among
-  a few hundred candidates (the top-k of the scores, found block-wise) when they provably contain it,
-  or by a radix select over the bits of the probabilities (two or three probability-weighted histograms).
+  `<= 1 - top_p` (a float32 comparison), keeping its last `min_tokens_to_keep`. Here the cut is
+  found without the sort: among 256 candidates (the best scores, found block-wise) when a check
+  proves they contain it, else by a radix select over the bits of the probabilities.
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
-The draw inverts a float64 running sum with one uniform number: over the few candidates when the
-last filter left candidates, otherwise in two levels (block sums, then inside the chosen block). No
-`torch.multinomial` and no vocabulary-sized random tensor; reproducible with a `torch.Generator`.
+The draw inverts a float64 running sum with one uniform number: over the candidates when the last
+filter left candidates, otherwise in two levels (block sums, then inside the chosen block). No
+`torch.multinomial`, no vocabulary-sized random tensor; reproducible with a `torch.Generator`.
 
-`fast=True` gives HF's distribution, not HF's random stream: tokens differ from `torch.multinomial`'s
-for the same seed. Probabilities agree with HF to float rounding (HF's own depend on its summation
-order). When tokens of equal probability straddle the top-p threshold, HF keeps some of them in the
-order of `torch.sort`, which is not stable on CPU, so which ones is unspecified; the fast path keeps
-the same number of them, lowest token ids first.
+What "the same" means. `fast=True` gives HF's distribution, not HF's random stream: the tokens
+differ from `torch.multinomial`'s for the same seed. Surviving scores are bit for bit HF's, and the
+renormalised probabilities agree to float rounding. Two places where HF's own result depends on
+details it does not specify: (1) when tokens of equal probability straddle a cut (top-p, or
+`min_tokens_to_keep`), HF keeps some of them in the order of `torch.sort` / `torch.topk`, which is
+not stable on CPU; the fast path keeps the same number of them, lowest token ids first. (2) HF's
+top-p sums probabilities that a softmax over the *sorted* scores produced; where that running sum
+lands within float rounding (about 1e-7 relative) of `1 - top_p`, the token at the cut may differ.
+With large, flat vocabularies (100k tokens, tens of thousands kept) that happens in about one row
+in a hundred, and concerns a token of probability about 1e-6.
 
-On CPU in eager mode one check decides whether the candidates suffice (reading a CPU flag is free);
-on other devices and under `torch.compile` only fixed-shape code runs, with no host-device sync.
+Syncs and compilation. On CPU in eager mode, one check (reading a CPU flag, which costs nothing)
+decides whether the candidates suffice. On other devices and under `torch.compile` only the
+fixed-shape kernels run: no data-dependent Python control flow and no host-device sync. Rows whose
+processors left no finite score (all -inf) are not detected here (that would need a sync); they
+get an arbitrary token, where HF's `torch.multinomial` raises.
 
 >>> import torch
 >>> from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
@@ -338,13 +349,14 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
     bits = probs.view(torch.int32)  # [N, V]; p in [0, 1] has bits <= 0x3F800000
     mass = probs.double()  # [N, V]
 
-    # Level 1, the high bits: the bucket of the first token (ascending) whose running sum survives;
-    # its bins cover any non-negative bit pattern, so a NaN row cannot index out of range. Then the
+    # Level 1, the high bits: the bucket of the first token (ascending) whose running sum survives
+    # (masked to 31 bits so that a NaN row, e.g. all -inf scores, cannot index out of range). Then the
     # remaining bits inside that bucket, where bin 0 gathers every token below the bucket and the last
     # bin every token above, so the running sum over bins is the one over tokens. Large inputs take
     # two levels (16 + 15 bits), small ones three (11 + 10 + 10) to keep the histograms small.
     high, levels = (15, (15,)) if n * vocab > 1 << 20 else (20, (10, 10))
-    hist = mass.new_zeros(n, 1 << (31 - high)).scatter_add_(1, (bits >> high).long(), mass)
+    bucket = (bits >> high).bitwise_and_((1 << (31 - high)) - 1).long()  # [N, V]; the mask only matters for NaN
+    hist = mass.new_zeros(n, 1 << (31 - high)).scatter_add_(1, bucket, mass)
     prefix = _count_removed(hist.cumsum_(dim=1), cut, inclusive)  # [N, 1]; == bins when every token goes
     nothing = prefix >= hist.shape[1]
     prefix = prefix.clamp_(max=hist.shape[1] - 1).int()

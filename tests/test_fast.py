@@ -317,3 +317,15 @@ def test_block_size_default_is_near_sqrt_vocab():
     w = torch.ones(1, 128256)
     assert 0 <= int(draw(w, torch.Generator().manual_seed(0))) < 128256
     assert 1 << round(math.log2(128256) / 2) == 256
+
+
+@BOTH
+def test_rows_with_nothing_left_do_not_crash(candidates):
+    # HF's multinomial raises on such rows; the fast path cannot check without a sync, but must not
+    # index out of range (a device-side assert on GPU).
+    x = torch.randn(3, 3000, generator=torch.Generator().manual_seed(12))
+    x[1] = NEG_INF
+    for processors in ([hf.TemperatureLogitsWarper(0.7), hf.TopPLogitsWarper(0.9)], [hf.TopKLogitsWarper(5)],
+                       [hf.MinPLogitsWarper(0.1)], [hf.TopPLogitsWarper(0.9, min_tokens_to_keep=2)]):
+        tokens = fast_sample(None, x.clone(), processors, torch.Generator().manual_seed(0), candidates=candidates)
+        assert tokens.shape == (3,) and bool(((tokens >= 0) & (tokens < 3000)).all())
