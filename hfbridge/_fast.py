@@ -32,7 +32,9 @@ in a hundred, and concerns a token of probability about 1e-6.
 
 Syncs and compilation. On CPU in eager mode, one check (reading a CPU flag, which costs nothing)
 decides whether the candidates suffice. On other devices and under `torch.compile` only the
-fixed-shape kernels run: no data-dependent Python control flow and no host-device sync. Rows whose
+fixed-shape kernels run: no data-dependent Python control flow and no host-device sync (with
+`fullgraph=True`, pass `generator=None` and seed with `torch.manual_seed`: dynamo cannot trace a
+`torch.Generator` argument). Rows whose
 processors left no finite score (all -inf) are not detected here (that would need a sync); they
 get an arbitrary token, where HF's `torch.multinomial` raises.
 
@@ -179,11 +181,11 @@ def _run(input_ids, scores: torch.Tensor, processors, candidates: bool | None) -
             _top_p(state, processor, candidates)
         elif kind is MinPLogitsWarper:
             probs = torch.softmax(state.materialize(), dim=-1)  # bit for bit HF's probs
-            remove = probs < processor.min_p * probs.amax(dim=-1, keepdim=True)
+            keep = probs >= processor.min_p * probs.amax(dim=-1, keepdim=True)  # HF drops `probs < ...`
             if processor.min_tokens_to_keep > 1:  # with 1 the top token is never below min_p * top
                 k = min(processor.min_tokens_to_keep, probs.shape[-1])
-                remove.scatter_(-1, torch.topk(probs, k, dim=-1).indices, False)
-            state.filtered(processor.filter_value, keep=~remove, probs=probs)
+                keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
+            state.filtered(processor.filter_value, keep=keep, probs=probs)
         else:
             state.scores = processor(input_ids, state.materialize())
             state.probs = None

@@ -306,6 +306,12 @@ def test_compiled_step_keeps_the_same_tokens():
             raise
         pytest.skip(f"torch.compile is unavailable here: {type(error).__name__}: {error}"[:300])
     assert_same_filter(processors(None, x.clone()), out)
+    # The draw compiles too, seeded by the global RNG (dynamo cannot trace a torch.Generator argument).
+    sample = torch.compile(lambda s: fast_sample(None, s, processors, None, candidates=False),
+                           backend="aot_eager", fullgraph=True)
+    torch.manual_seed(0)
+    tokens = sample(x.clone())
+    assert bool((out.gather(1, tokens[:, None]) > NEG_INF).all())
 
 
 def test_docstring_examples():
