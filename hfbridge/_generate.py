@@ -26,7 +26,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
 from ._models import AdapterTypeError, ModelAdapter, as_adapter
-from ._processors import make_generation_config
+from ._processors import callable_list, make_generation_config
 from ._step import Sampler, extract_logits
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
@@ -440,19 +440,8 @@ def _check_config(config: GenerationConfig, tokenizer: Any) -> None:
 
 
 def _criteria_list(stopping_criteria: Iterable[Callable] | None) -> StoppingCriteriaList:
-    if stopping_criteria is None:
-        return StoppingCriteriaList()
-    if callable(stopping_criteria) and not isinstance(stopping_criteria, (list, tuple)):
-        stopping_criteria = [stopping_criteria]
-    result = StoppingCriteriaList()
-    for index, criterion in enumerate(stopping_criteria):
-        if not callable(criterion):
-            raise TypeError(
-                f"`stopping_criteria[{index}]` must be callable as (input_ids, scores) -> bool tensor (batch,), "
-                f"got {type(criterion).__name__}."
-            )
-        result.append(criterion)
-    return result
+    return callable_list(stopping_criteria, StoppingCriteriaList, name="stopping_criteria",
+                         contract="(input_ids, scores) -> bool tensor (batch,)")
 
 
 def _inferred_mask(host: ProcessorHost, input_ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:

@@ -70,20 +70,17 @@ class ProcessorHost(GenerationMixin):
                 # HF reads a missing length as "generating from inputs_embeds" and warns about it; a
                 # single step without prompt_length is not that, and no processor built here uses it.
                 warnings.filterwarnings("ignore", message=r"Passing `\w+` with `inputs_embeds`")
-            return self._build_processors(generation_config, prompt_length, processors, device, model_kwargs)
-
-    def _build_processors(self, generation_config, prompt_length, processors, device, model_kwargs):
-        return self._get_logits_processor(
-            generation_config,
-            input_ids_seq_length=prompt_length,
-            encoder_input_ids=None,
-            prefix_allowed_tokens_fn=None,
-            logits_processor=processors,
-            device=device,
-            model_kwargs=model_kwargs,
-            negative_prompt_ids=None,
-            negative_prompt_attention_mask=None,
-        )
+            return self._get_logits_processor(
+                generation_config,
+                input_ids_seq_length=prompt_length,
+                encoder_input_ids=None,
+                prefix_allowed_tokens_fn=None,
+                logits_processor=processors,
+                device=device,
+                model_kwargs=model_kwargs,
+                negative_prompt_ids=None,
+                negative_prompt_attention_mask=None,
+            )
 
     def stopping_criteria(self, generation_config: GenerationConfig, stopping_criteria: Any = None, tokenizer: Any = None):
         """HF's `_get_stopping_criteria` (max length, max time, stop strings, eos) merged with user criteria."""

@@ -227,16 +227,23 @@ def processors_for_config(
 
 
 def _as_processor_list(processors: Iterable[Callable] | None) -> LogitsProcessorList:
-    if processors is None:
-        return LogitsProcessorList()
-    if callable(processors) and not isinstance(processors, (list, tuple)):
-        processors = [processors]
-    result = LogitsProcessorList()
-    for index, processor in enumerate(processors):
-        if not callable(processor):
-            raise TypeError(
-                f"`processors[{index}]` must be callable as (input_ids, scores) -> scores, "
-                f"got {type(processor).__name__}."
-            )
-        result.append(processor)
+    return callable_list(processors, LogitsProcessorList, name="processors",
+                         contract="(input_ids, scores) -> scores")
+
+
+def callable_list(items: Iterable[Callable] | Callable | None, list_type: type, *, name: str, contract: str):
+    """`items` (one callable, an iterable of them, or None) as a `list_type`, each item checked.
+
+    >>> len(callable_list([len, abs], list, name="processors", contract="x -> y"))
+    2
+    """
+    result = list_type()
+    if items is None:
+        return result
+    if callable(items) and not isinstance(items, (list, tuple)):
+        items = [items]
+    for index, item in enumerate(items):
+        if not callable(item):
+            raise TypeError(f"`{name}[{index}]` must be callable as {contract}, got {type(item).__name__}.")
+        result.append(item)
     return result

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from hfbridge import Sampler, sample_step
+from hfbridge import Sampler
 from hfbridge.__main__ import build_parser, main
 from hfbridge.demo import DemoConfig, DemoLM, load_demo_model, load_demo_tokenizer
 from hfbridge.demo._assets import ASSET_DIR

@@ -21,7 +21,6 @@ from transformers import (
     TextStreamer,
 )
 from transformers.generation.streamers import BaseStreamer
-from transformers.utils import logging as hf_logging
 
 import hfbridge._generate
 import hfbridge._models
@@ -38,23 +37,9 @@ from _tiny_models import (
     tiny_gpt2,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf")
+
 V = 32  # TinyCore's vocabulary
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    yield
-    hf_logging.set_verbosity(verbosity)
 
 
 @pytest.fixture(scope="module")

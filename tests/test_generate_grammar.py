@@ -14,7 +14,6 @@ import warnings
 
 import pytest
 import torch
-from transformers.utils import logging as hf_logging
 
 xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install 'hfbridge[grammar]')")
 from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor  # noqa: E402
@@ -22,6 +21,8 @@ from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor  # noqa: E40
 from hfbridge import ReturnsCache, generate  # noqa: E402
 
 from _tiny_models import TinyCached, TinyCore, TinyRecompute, char_tokenizer, recompute_callable, tiny_gpt2  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("quiet_hf")
 
 PADDED_VOCAB = 48  # the model's output columns; the tokenizer has 45 tokens
 
@@ -31,14 +32,6 @@ SCHEMA = {
     "required": ["color", "n"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    yield
-    hf_logging.set_verbosity(verbosity)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import GenerationConfig
-from transformers.utils import logging as hf_logging
 
 from hfbridge import InputPos, Recompute, ReturnsCache, generate
 from hfbridge._hf import generation_option_names
 
 from _tiny_models import HF_MODELS, InputPosHF, recompute_callable, returns_cache_callable
+
+pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
 
 MAX_NEW = 8
 PAD = 1
@@ -86,24 +87,11 @@ def _model(name):
     return _MODELS[name]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (and the CI machine is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    """HF's warnings (pad token defaults, deprecations) are the same on both sides; keep the log short."""
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
+@pytest.fixture
+def no_python_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-    hf_logging.set_verbosity(verbosity)
 
 
 def _options(config_name):

@@ -1,0 +1,23 @@
+"""Fixtures shared by the generate tests (opted into per module with `pytestmark`)."""
+
+import pytest
+import torch
+from transformers.utils import logging as hf_logging
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and the CI machine is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def quiet_hf():
+    """HF's log warnings (pad token defaults, deprecations) are the same on both sides; keep the log short."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    yield
+    hf_logging.set_verbosity(verbosity)
