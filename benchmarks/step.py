@@ -1,4 +1,4 @@
-"""Per-step sampling time: the hand-written HF chain vs `sample_step` (exact) vs `sample_step(fast=True)`.
+"""Per-step sampling time: the hand-written HF chain vs hfbridge exact vs hfbridge `fast=True`.
 
     python benchmarks/step.py            # full table, CPU (and CUDA when present)
     python benchmarks/step.py --quick    # two sizes, fewer repeats
@@ -8,8 +8,9 @@ Each cell runs the three implementations round-robin on the same logits (so load
 machine hits them alike) and reports the median of the repeats. The HF chain is what users write
 today: `LogitsProcessorList` of HF's own processors, built once, then `softmax` +
 `torch.multinomial` (or `argmax` for greedy); hfbridge's side is a `Sampler` built once (what
-`generate` uses; `sample_step` is a one-shot `Sampler`). Logits are either flat (standard normal) or realistic: log-probability
-proportional to -1.1 * log(rank), randomly permuted per row, plus N(0, 0.1) noise.
+`generate` uses; `sample_step` is a one-shot `Sampler`). Logits are either flat (standard normal)
+or realistic: log-probability proportional to -1.1 * log(rank), randomly permuted per row, plus
+N(0, 0.1) noise.
 """
 
 from __future__ import annotations

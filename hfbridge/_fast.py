@@ -117,10 +117,10 @@ def fast_sample(input_ids: torch.LongTensor | None, scores: torch.Tensor,
 class _State:
     """The scores between processors, plus what the last filter decided but did not write yet.
 
-    Either `keep` (dense `(batch, vocab)` mask, with `probs` the softmax before it when known) or
-    `ids`/`cand`/`cand_keep` (the only tokens that can survive: `(batch, K)` ids, their scores and
-    which survive). Deferring the write lets the draw skip it when nothing after the filter reads
-    the scores.
+    Pending: a `temperature` not yet divided in, and either `keep` (a dense `(batch, vocab)` mask,
+    with `probs` the softmax before it when known) or `ids`/`cand`/`cand_keep` (the only tokens
+    that can survive: `(batch, K)` ids, their scores and which survive). Deferring the writes lets
+    the draw skip them when nothing after the filter reads the scores.
     """
 
     def __init__(self, scores: torch.Tensor) -> None:
@@ -237,19 +237,20 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
         cand, ids = top_candidates(scores, k)  # [N, K]
         if total is None:
             total = probs.sum(dim=-1, keepdim=True).double()  # HF's top cumulative sum, 1 up to rounding
-        kept = _top_p_count(probs.gather(1, ids), total, top_p, at_least)
+        picked = probs.gather(1, ids)  # [N, K]
+        kept = _top_p_count(picked, total, top_p, at_least)
         # Certain only if the last kept candidate is above every token that is not a candidate.
         last = cand.gather(1, kept - 1)  # [N, 1]
         if k == vocab or bool(((kept < k) & (last > cand[:, -1:])).all()):
             keep = torch.arange(k, device=cand.device) < kept
             state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
             return
-        # A larger try can only succeed if `next` more tokens, none above the k-th, could reach top_p.
-        reach = probs.gather(1, ids).double().sum(dim=-1) + (_CANDIDATES[-1] - k) * probs.gather(1, ids[:, -1:])[:, 0]
+        # A larger try can only succeed if its extra tokens, none above the k-th, could reach top_p.
+        reach = picked.double().sum(dim=-1) + (_CANDIDATES[-1] - k) * picked[:, -1].double()
         if k == vocab or not bool((reach > top_p).all()):
             break
-    state.filtered(processor.filter_value, keep=top_p_mask(probs, top_p, at_least, scores=scores, branch=candidates),
-                   probs=probs)
+    keep = top_p_mask(probs, top_p, at_least, scores=scores, branch=candidates)
+    state.filtered(processor.filter_value, keep=keep, probs=probs)
 
 
 def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:

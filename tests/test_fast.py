@@ -30,7 +30,8 @@ def assert_same_filter(ref: torch.Tensor, out: torch.Tensor) -> None:
         if torch.equal(kept_r, kept_o):
             assert torch.equal(r, o), f"row {row}: same tokens, different scores"
         else:
-            assert int(kept_r.sum()) == int(kept_o.sum()), f"row {row}: kept {int(kept_o.sum())}, HF {int(kept_r.sum())}"
+            counts = int(kept_o.sum()), int(kept_r.sum())
+            assert counts[0] == counts[1], f"row {row}: kept {counts[0]}, HF {counts[1]}"
     torch.testing.assert_close(torch.softmax(out, -1).sort(-1).values, torch.softmax(ref, -1).sort(-1).values,
                                rtol=1e-5, atol=1e-7)
 
@@ -135,7 +136,8 @@ def test_adversarial_rows(candidates):
     # Huge and tiny temperatures; min_tokens_to_keep beyond the vocabulary.
     z = torch.randn(3, 9, generator=torch.Generator().manual_seed(3))
     for t in (1e-4, 1e4):
-        check([hf.TemperatureLogitsWarper(t), hf.TopPLogitsWarper(0.5, min_tokens_to_keep=20)], z, candidates=candidates)
+        check([hf.TemperatureLogitsWarper(t), hf.TopPLogitsWarper(0.5, min_tokens_to_keep=20)], z,
+              candidates=candidates)
         check([hf.TemperatureLogitsWarper(t), hf.MinPLogitsWarper(0.5, min_tokens_to_keep=4)], z, candidates=candidates)
 
 
