@@ -11,8 +11,8 @@ through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) ar
   The draw then looks at the k candidates only.
 - `TopPLogitsWarper`: HF sorts ascending and drops every token whose cumulative probability is
   `<= 1 - top_p` (a float32 comparison), keeping its last `min_tokens_to_keep`. Here the cut is
-  found without the sort: among 256 candidates (the best scores, found block-wise) when a check
-  proves they contain it, else by a radix select over the bits of the probabilities.
+  found without the sort: among 64 (then 512) candidates, the best scores by `torch.topk`, when a
+  check proves they contain it; else by a radix select over the bits of the probabilities.
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
 The draw inverts a float64 running sum with one uniform number: over the candidates when the last
@@ -65,8 +65,7 @@ from transformers import (
 __all__ = ["draw", "fast_sample", "fast_scores", "top_p_mask"]
 
 _NEG_INF = float("-inf")
-_CANDIDATES = (256, 2048)  # top-p candidates tried on CPU before the radix select
-_BLOCK = 16  # block size of the block-wise top-k
+_CANDIDATES = (64, 512)  # top-p candidates tried on CPU before the radix select
 
 
 def fast_scores(input_ids: torch.LongTensor | None, scores: torch.Tensor,
@@ -229,8 +228,8 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
     probs = torch.softmax(scores, dim=-1)  # [N, V]
     total = None
     for k in _CANDIDATES if candidates else ():
-        if k > vocab // (2 * _BLOCK) and k > _CANDIDATES[0]:
-            break  # a second, plain top-k this large costs about as much as the radix select
+        if k > _CANDIDATES[0] and 8 * k > vocab:
+            break  # a second top-k this large costs about as much as the radix select
         k = min(k, vocab)
         if at_least >= k:
             break
@@ -256,10 +255,9 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
 def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:
     """The `k` largest scores per row, sorted descending, ties by ascending token id.
 
-    Block-wise: the row is cut in blocks of 16, the `k` blocks with the largest maxima are kept and
-    the top-k is taken among their tokens (and the short last block's, if any). That is exact in
-    values: a token outside those blocks is at most the smallest of `k` block maxima, each of which
-    is a kept token. Which of several tokens tied at the k-th value are returned is unspecified.
+    `torch.topk` (a selection, not a sort of the row), then the k winners re-sorted so that equal
+    scores come in id order. Which of several tokens tied at the k-th value are returned is
+    unspecified, as in `torch.topk`.
 
     Args:
         scores: `(batch, vocab)` float32.
@@ -271,21 +269,7 @@ def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lo
     >>> top_candidates(torch.tensor([[0.0, 3.0, 1.0, 3.0]]), 3)
     (tensor([[3., 3., 1.]]), tensor([[1, 3, 2]]))
     """
-    n, vocab = scores.shape
-    blocks = vocab // _BLOCK
-    full = blocks * _BLOCK
-    if k * _BLOCK * 2 > vocab:  # small rows: a plain top-k is cheaper
-        cand, ids = torch.topk(scores, k, dim=-1)
-    else:
-        tiles = scores.as_strided((n, blocks, _BLOCK), (scores.stride(0), _BLOCK, 1))  # [N, NB, B]
-        best = torch.topk(tiles.amax(dim=-1), k, dim=-1).indices  # [N, k] block ids
-        pool = tiles.gather(1, best[:, :, None].expand(n, k, _BLOCK)).flatten(1)  # [N, k*B]
-        if full < vocab:  # the short last block is always in the pool
-            pool = torch.cat([pool, scores[:, full:]], dim=-1)
-        cand, where = torch.topk(pool, k, dim=-1)  # [N, k]
-        block = best.gather(1, (where // _BLOCK).clamp_(max=k - 1))
-        ids = torch.where(where < k * _BLOCK, block * _BLOCK + where % _BLOCK, where - k * _BLOCK + full)
-    # Ties by ascending id: sort by id, then stably by score.
+    cand, ids = torch.topk(scores, k, dim=-1)  # [N, k]
     ids, order = ids.sort(dim=-1)
     cand, order = cand.gather(1, order).sort(dim=-1, descending=True, stable=True)
     return cand, ids.gather(1, order)
