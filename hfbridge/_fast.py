@@ -196,7 +196,9 @@ def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None
         state.materialize()
     vocab = state.scores.shape[-1]
     k = min(processor.top_k, vocab)  # HF's own clamp; HF already folded min_tokens_to_keep into top_k
-    if candidates and k < vocab:
+    if k == vocab:
+        return  # HF's threshold is then the row's minimum: nothing is removed
+    if candidates:
         # The k best are all that survive unless the (k+1)-th ties with the k-th (HF keeps ties).
         # Dividing by a positive temperature keeps the order, so the candidates of the undivided
         # scores are HF's, and dividing just them gives HF's values bit for bit.
