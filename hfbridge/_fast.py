@@ -311,7 +311,7 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
     """The tokens HF's `TopPLogitsWarper(top_p, min_tokens_to_keep)` keeps, by a radix select.
 
     The kept tokens are those above a boundary probability `p*` plus some of those equal to it.
-    For non-negative floats the bit pattern orders like the value, so `p*` is found from two
+    For non-negative floats the bit pattern orders like the value, so `p*` is found from two or three
     probability-weighted histograms: of the high bits (which bucket holds the token where HF's
     ascending cumulative sum crosses `1 - top_p`), then of the lower bits inside that bucket. Sums
     are float64, rounded to float32 before the comparison, as HF's `cumsum` (double accumulation on
@@ -344,7 +344,7 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
     # bin every token above, so the running sum over bins is the one over tokens. Large inputs take
     # two levels (16 + 15 bits), small ones three (11 + 10 + 10) to keep the histograms small.
     high, levels = (15, (15,)) if n * vocab > 1 << 20 else (20, (10, 10))
-    bucket = (bits >> high).bitwise_and_((1 << (31 - high)) - 1).long()  # [N, V]; the mask only matters for NaN
+    bucket = (bits >> high).bitwise_and_((1 << (31 - high)) - 1).long()  # [N, V]; the mask: for NaN
     hist = mass.new_zeros(n, 1 << (31 - high)).scatter_add_(1, bucket, mass)
     prefix = _count_removed(hist.cumsum_(dim=1), cut, inclusive)  # [N, 1]; == bins when every token goes
     nothing = prefix >= hist.shape[1]
