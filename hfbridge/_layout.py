@@ -149,6 +149,8 @@ def from_rows(values: torch.Tensor, batch_shape: tuple[int, ...]) -> torch.Tenso
     """
     if not batch_shape:
         return values[0]
+    if len(batch_shape) == 1:
+        return values  # already (rows, ...)
     names = [f"a{i}" for i in range(len(batch_shape))]
     sizes = dict(zip(names, batch_shape))
     return rearrange(values, f"({' '.join(names)}) ... -> {' '.join(names)} ...", **sizes)
@@ -158,5 +160,7 @@ def rows_of(input_ids: torch.Tensor, batch_shape: tuple[int, ...]) -> torch.Tens
     """`input_ids` of shape `(*batch_shape, seq)` as `(rows, seq)`; the caller checked the shape."""
     if not batch_shape:
         return rearrange(input_ids, "t -> 1 t")
+    if len(batch_shape) == 1:
+        return input_ids  # already (rows, seq)
     names = " ".join(f"a{i}" for i in range(len(batch_shape)))
     return rearrange(input_ids, f"{names} t -> ({names}) t")

@@ -257,9 +257,9 @@ class Sampler:
             )
         ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=True)  # [N, T]
         if vocab is not None and ids.numel():
-            out_of_range = (ids < 0) | (ids >= vocab)
-            if bool(out_of_range.any()):
-                bad = int(ids[out_of_range][0])
+            low, high = torch.stack(torch.aminmax(ids)).tolist()  # one pass, one sync
+            if low < 0 or high >= vocab:
+                bad = int(ids[(ids < 0) | (ids >= vocab)][0])
                 raise ValueError(
                     f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
                     f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size})."
@@ -304,9 +304,9 @@ class Sampler:
         return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
 
     def _check_best(self, best: torch.Tensor, raw: torch.Tensor) -> None:
-        bad = torch.isnan(best) | (best == float("-inf"))
-        if bool(bad.any()):
-            self._raise_bad_rows(bad, raw)
+        valid = best > float("-inf")  # False for -inf (nothing left) and for NaN
+        if not bool(valid.all()):
+            self._raise_bad_rows(~valid, raw)
 
 def sample_step(
     logits: Any,
