@@ -220,8 +220,7 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
         # After top-k every other token has probability 0, so the candidates hold the whole answer.
         cand = state.cand.masked_fill(~state.cand_keep, _NEG_INF)
         probs = torch.softmax(cand, dim=-1)
-        total = probs.sum(dim=-1, keepdim=True, dtype=torch.float64)
-        kept = _top_p_count(probs, total, top_p, at_least)
+        kept = _top_p_count(probs, torch.zeros_like(probs[:, :1], dtype=torch.float64), top_p, at_least)
         keep = torch.arange(cand.shape[1], device=cand.device) < kept
         state.filtered(processor.filter_value, ids=state.ids, cand=state.cand, cand_keep=keep)
         return
@@ -236,10 +235,13 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
         if at_least >= k:
             break
         cand, ids = top_candidates(scores, k)  # [N, K]
-        if total is None:
-            total = probs.sum(dim=-1, keepdim=True).double()  # HF's top cumulative sum, 1 up to rounding
         picked = probs.gather(1, ids)  # [N, K]
-        kept = _top_p_count(picked, total, top_p, at_least)
+        rest = torch.zeros_like(picked[:, :1], dtype=torch.float64)  # [N, 1] mass of the other tokens
+        if k < vocab:
+            if total is None:
+                total = probs.sum(dim=-1, keepdim=True).double()  # 1 up to rounding
+            rest = (total - picked.double().sum(dim=-1, keepdim=True)).clamp_(min=0)
+        kept = _top_p_count(picked, rest, top_p, at_least)
         # Certain only if the last kept candidate is above every token that is not a candidate.
         last = cand.gather(1, kept - 1)  # [N, 1]
         if k == vocab or bool(((kept < k) & (last > cand[:, -1:])).all()):
@@ -277,15 +279,16 @@ def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lo
     return cand, ids.gather(1, order)
 
 
-def _top_p_count(probs: torch.Tensor, total: torch.Tensor, top_p: float, at_least: int) -> torch.LongTensor:
+def _top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: float, at_least: int) -> torch.LongTensor:
     """`(batch, 1)` how many of the sorted-descending `probs` HF's top-p keeps.
 
-    The token at position j has HF's cumulative probability `total - sum(probs[:j])` (the mass at or
-    below it); it is kept if that, rounded to float32, is `> 1 - top_p`; the first `at_least` always.
+    HF's cumulative probability at position j is the mass at or below it: `rest` (float64, the
+    tokens below every candidate) plus `probs[j:]`, summed from the smallest up as HF's ascending
+    `cumsum` does, so that a tail of tiny probabilities keeps its precision. A position is kept if
+    that, rounded to float32, is `> 1 - top_p`; the first `at_least` always are.
     """
-    above = probs.double().cumsum(dim=-1) - probs  # [N, K] mass strictly before each position
+    cumulative = probs.double().flip(-1).cumsum(dim=-1).flip(-1) + rest  # [N, K]
     cut, inclusive = _rounds_at_most(_float32(1.0 - top_p))
-    cumulative = total - above
     kept = (cumulative > cut if inclusive else cumulative >= cut).sum(dim=-1, keepdim=True)
     return kept.clamp_(min=min(at_least, probs.shape[-1]))
 

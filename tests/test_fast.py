@@ -133,6 +133,11 @@ def test_adversarial_rows(candidates):
     for top_p in (0.0, 0.3, 1.0):
         check([hf.TopPLogitsWarper(top_p)], y, candidates=candidates)
         check([hf.TopPLogitsWarper(top_p, min_tokens_to_keep=3)], y, candidates=candidates)
+    # A tail of tiny probabilities: HF's ascending cumsum sees them (> 0), so top_p=1 keeps them.
+    tail = torch.tensor([[1.5, 30.0, -20.0], [NEG_INF, 40.0, 0.0]])
+    for processors in ([hf.TopKLogitsWarper(3), hf.TopPLogitsWarper(1.0)], [hf.TopPLogitsWarper(1.0)],
+                       [hf.TopKLogitsWarper(2), hf.TopPLogitsWarper(0.999999)]):
+        check(processors, tail, candidates=candidates)
     # Huge and tiny temperatures; min_tokens_to_keep beyond the vocabulary.
     z = torch.randn(3, 9, generator=torch.Generator().manual_seed(3))
     for t in (1e-4, 1e4):
