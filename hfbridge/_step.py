@@ -119,8 +119,7 @@ class Sampler:
                fast: bool = False) -> None:
         if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1):
             raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+        self._setup_generator(generator)
         if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
             raise ValueError(
                 f"`attention_mask` must be a (batch, seq) tensor, got "
@@ -128,7 +127,6 @@ class Sampler:
             )
         self.layout = Layout(layout) if isinstance(layout, str) else layout
         self.vocab_size = vocab_size
-        self.generator = generator
         self.prompt_length = prompt_length
         self.fast = bool(fast)
         self.generation_config = config
@@ -137,6 +135,11 @@ class Sampler:
         self._attention_mask = attention_mask
         self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
         self._processors = self._build(self._device)
+
+    def _setup_generator(self, generator: torch.Generator | None) -> None:
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+        self.generator = generator
 
     def _build(self, device: torch.device) -> LogitsProcessorList:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
@@ -346,16 +349,58 @@ def sample_step(
     >>> sample_step(logits, torch.tensor([[1, 1]]), repetition_penalty=4.0).tolist()
     [2]
     """
-    sampler = Sampler(
-        generation_config,
-        processors=processors,
-        layout=layout,
-        vocab_size=vocab_size,
-        do_sample=do_sample,
-        generator=generator,
-        prompt_length=prompt_length,
-        attention_mask=attention_mask,
-        fast=fast,
-        **generation_kwargs,
-    )
+    options = dict(layout=layout, vocab_size=vocab_size, do_sample=do_sample, prompt_length=prompt_length,
+                   fast=fast, **generation_kwargs)
+    if generation_config is None and processors is None and attention_mask is None:
+        logits = extract_logits(logits)
+        sampler = _reusable_sampler(logits, options)
+        if sampler is not None:
+            if generator is not None:
+                sampler = copy.copy(sampler)  # the cached one keeps no generator
+                sampler._setup_generator(generator)
+            return sampler(logits, input_ids)
+    sampler = Sampler(generation_config, processors=processors, generator=generator,
+                      attention_mask=attention_mask, **options)
     return sampler(logits, input_ids)
+
+
+_SAMPLER_CACHE: dict[Any, Sampler] = {}
+_SAMPLER_CACHE_SIZE = 32
+
+
+def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler | None:
+    """A Sampler built earlier for the same options, vocabulary width and device, so that calling
+    `sample_step` in a loop does not rebuild HF's processors every step (they cost milliseconds).
+
+    Only plain option values are cached (numbers, strings, lists, dicts, tuples); the processors
+    built for them keep nothing between calls but tensors sized by the vocabulary and device,
+    which are part of the key. Returns None when the options cannot be a key.
+    """
+    layout = options.get("layout")
+    if layout is not None and not isinstance(layout, str):
+        return None
+    try:
+        parsed = Layout.for_tensor(logits, layout)
+        parsed.check(logits)
+        width = logits.shape[parsed.axes.index("v")]
+        key = (_frozen(options), width, logits.device)
+    except (TypeError, ValueError):
+        return None  # the Sampler built below raises the full error
+    sampler = _SAMPLER_CACHE.get(key)
+    if sampler is None:
+        sampler = Sampler(**options)
+        if len(_SAMPLER_CACHE) >= _SAMPLER_CACHE_SIZE:
+            _SAMPLER_CACHE.pop(next(iter(_SAMPLER_CACHE)))
+        _SAMPLER_CACHE[key] = sampler
+    return sampler
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of a plain option value; TypeError for anything else (tensors, objects)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(_frozen(k)), _frozen(v)) for k, v in value.items())))
+    raise TypeError(f"not a plain option value: {type(value).__name__}")

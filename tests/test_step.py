@@ -277,3 +277,29 @@ def test_mapping_without_logits():
 def test_layout_error_quotes_layout_and_shape():
     with pytest.raises(ValueError, match=re.escape("`layout` 'b k t v' names 4 axes but the logits have shape (3, 4, 50)")):
         sample_step(logits_3d(0), layout="b k t v")
+
+
+def test_sample_step_reuses_its_processors_across_calls():
+    from hfbridge import _step
+
+    logits, ids = logits_3d(0), context(0)
+    sample_step(logits, ids, temperature=0.9, top_p=0.8, bad_words_ids=[[1], [2, 3]])
+    cached = dict(_step._SAMPLER_CACHE)
+    sample_step(logits_3d(1), context(1), temperature=0.9, top_p=0.8, bad_words_ids=[[1], [2, 3]])
+    assert _step._SAMPLER_CACHE == cached  # nothing rebuilt
+
+
+def test_reused_processors_follow_the_vocabulary_width():
+    # SequenceBias prepares its bias tensor for the first vocabulary it sees.
+    for vocab in (20, 30, 20):
+        logits = torch.zeros(2, 1, vocab)
+        assert sample_step(logits, sequence_bias={(5,): 3.0}).tolist() == [5, 5]
+
+
+def test_generator_of_one_call_does_not_stick_to_the_next():
+    logits = logits_3d(1, batch=8)
+    sample_step(logits, generator=torch.Generator().manual_seed(7), temperature=1.3)
+    torch.manual_seed(11)
+    expected = hand_written_hf(logits, None, [hf.TemperatureLogitsWarper(1.3), hf.TopKLogitsWarper(50)], True)
+    torch.manual_seed(11)
+    assert torch.equal(sample_step(logits, temperature=1.3), expected)
