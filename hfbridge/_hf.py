@@ -9,6 +9,7 @@ instead of mirroring it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from typing import Any
@@ -38,11 +39,12 @@ class ProcessorHost(GenerationMixin):
     _is_stateful = False
 
     def __init__(self, device: torch.device | str | None = None, max_position_embeddings: int | None = None):
-        config = PretrainedConfig()
-        if max_position_embeddings is not None:
+        if max_position_embeddings is None:
+            self.config, self.generation_config = _default_configs()
+        else:
+            config = PretrainedConfig()
             config.max_position_embeddings = max_position_embeddings
-        self.config = config
-        self.generation_config = GenerationConfig.from_model_config(config)
+            self.config, self.generation_config = config, GenerationConfig.from_model_config(config)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
 
     def prepare_config(self, generation_config: GenerationConfig | None, **options: Any) -> tuple[GenerationConfig, dict]:
@@ -90,10 +92,18 @@ class ProcessorHost(GenerationMixin):
         return self._get_stopping_criteria(generation_config, stopping_criteria=criteria, tokenizer=tokenizer)
 
 
+@functools.lru_cache(maxsize=None)
+def _default_configs() -> tuple[PretrainedConfig, GenerationConfig]:
+    # Built once: HF's helpers only read them, and building them costs milliseconds per host.
+    config = PretrainedConfig()
+    return config, GenerationConfig.from_model_config(config)
+
+
 def _parameters(function) -> set[str]:
     return set(inspect.signature(function).parameters)
 
 
+@functools.lru_cache(maxsize=None)
 def generation_option_names() -> frozenset[str]:
     """Every option name the installed `GenerationConfig` knows (public fields only).
 

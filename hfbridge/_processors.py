@@ -9,6 +9,7 @@ options up front, with messages that say what to change.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ _PROCESSOR_OPTIONS = (
 _NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")
 
 
+@functools.lru_cache(maxsize=None)
 def step_option_names() -> frozenset[str]:
     """The generation options `sample_step` accepts on the installed transformers.
 
