@@ -11,6 +11,7 @@ The runs alternate, and each figure is the median of the repeats.
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -41,8 +42,12 @@ def tiny_llama(vocab: int) -> LlamaForCausalLM:
 
 
 def cached(model: LlamaForCausalLM) -> ReturnsCache:
-    def step(input_ids, cache, attention_mask=None):
-        out = model(input_ids=input_ids, past_key_values=cache, attention_mask=attention_mask, use_cache=True)
+    # What HF's generate does inside for the same call: no mask for padding-free prompts (5.x drops an
+    # all-ones mask) and logits for the last position only (`logits_to_keep`, 4.46: `num_logits_to_keep`).
+    keep = "logits_to_keep" if "logits_to_keep" in inspect.signature(model.forward).parameters else "num_logits_to_keep"
+
+    def step(input_ids, cache):
+        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, **{keep: 1})
         return out.logits, out.past_key_values
     return ReturnsCache(step)
 
