@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from ._layout import Layout
-from ._step import Sampler, extract_logits
+from ._step import Sampler
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
 
@@ -291,15 +290,12 @@ def explain_step(
     if isinstance(row, bool) or not isinstance(row, int):
         raise TypeError(f"row: expected an int (which batch row to explain), got {type(row).__name__}")
     sampler = Sampler(**options)
-    # The same preparation as `Sampler.__call__`, so batch shapes and errors are the step's own.
-    logits = extract_logits(logits)
-    layout = Layout.for_tensor(logits, sampler.layout)
-    batch_shape = layout.batch_shape(logits) if logits.ndim == len(layout.axes) else None
-    rows = sampler.rows(logits)  # [N, V], float32 copy
+    # The step's own preparation, so batch shapes and errors are `sample_step`'s.
+    view, ids, _ = sampler.prepare(logits, input_ids)  # [N, V] view of the logits, [N, T]
+    rows = view.to(dtype=torch.float32, copy=True)  # [N, V]
     n_rows = rows.shape[0]
     if not 0 <= row < n_rows:
         raise ValueError(f"row: got {row}, expected 0 <= row < {n_rows} (the step has {n_rows} row(s))")
-    ids = sampler.input_rows(input_ids, rows, batch_shape=batch_shape)  # [N, T]
     processors = sampler._processors_on(rows.device)
 
     scores = rows.clone()

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from ._layout import Layout, LayoutLike, rows_of
+from ._layout import Layout, LayoutLike, from_rows, rows_of
 from ._processors import make_generation_config, processors_for_config
 
 
@@ -158,14 +158,24 @@ class Sampler:
 
     def __call__(self, logits: Any, input_ids: torch.Tensor | None = None) -> torch.LongTensor:
         """Next tokens for `logits` given the context `input_ids`, shaped as the layout's batch axes."""
+        view, ids, batch_shape = self.prepare(logits, input_ids)
+        return from_rows(self.next_tokens(ids, view), batch_shape)
+
+    def prepare(self, logits: Any, input_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.LongTensor, tuple[int, ...]]:
+        """Check a step's arguments and flatten them: `(rows, ids, batch_shape)`.
+
+        `rows` is the last-position `(rows, vocab)` view of the caller's logits (padded vocabulary
+        dropped; read it, never write it), `ids` a private `(rows, seq)` int64 copy of
+        `input_ids`, and `batch_shape` the layout's batch axes (`from_rows` restores them).
+        """
         logits = extract_logits(logits)
         self._check_generator(logits.device)
         layout = Layout.for_tensor(logits, self.layout)
         layout.check(logits)
         batch_shape = layout.batch_shape(logits)
         view = self._last_rows(logits, layout)  # [N, V], the caller's memory
-        ids = self.input_rows(input_ids, view, batch_shape=batch_shape)
-        return layout.from_rows(self.next_tokens(ids, view), batch_shape)
+        return view, self.input_rows(input_ids, view, batch_shape=batch_shape), batch_shape
 
     def next_tokens(self, input_ids: torch.LongTensor, rows: torch.Tensor) -> torch.LongTensor:
         """`(rows,)` next tokens from `(rows, vocab)` logits and `(rows, seq)` ids (see `input_rows`).
