@@ -31,7 +31,7 @@ from ._step import Sampler, extract_logits
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
 _PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
-               "layout", "vocab_size", "generator", "progress", "fast", "max_context")
+               "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn")
 _HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
 _SUPPORTED_MODES = ("greedy_search", "sample")
 
@@ -52,6 +52,7 @@ def generate(
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     **kwargs: Any,
 ) -> torch.LongTensor | GenerateDecoderOnlyOutput:
     """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
@@ -85,6 +86,9 @@ def generate(
         fast: Sample with hfbridge's fused path (HF's distribution, not HF's random stream).
         max_context: For a plain callable: feed at most the last `max_context` tokens
             (same as passing `Recompute(model, max_context=...)`).
+        prefix_allowed_tokens_fn: HF's `prefix_allowed_tokens_fn(batch_id, input_ids) -> list[int]`,
+            called at every step for every row with its tokens so far `(seq,)`; only the returned
+            token ids stay possible (HF's `PrefixConstrainedLogitsProcessor`, where HF puts it).
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
@@ -122,17 +126,18 @@ def generate(
         return _generate(model, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                          processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
                          tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator,
-                         progress=progress, fast=fast, max_context=max_context, kwargs=kwargs)
+                         progress=progress, fast=fast, max_context=max_context,
+                         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, kwargs=kwargs)
 
 
 def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
               stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
-              progress: bool, fast: bool, max_context: Any, kwargs: dict[str, Any]):
+              progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any, kwargs: dict[str, Any]):
     adapter = as_adapter(model, max_context=max_context)
     call = _prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                     processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
                     tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
-                    kwargs=kwargs)
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, kwargs=kwargs)
     bar = _progress_bar(progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
     if streamer is not None:
         streamer.put(call.sequences.cpu())  # the prompt first, as HF
@@ -174,7 +179,7 @@ class _Call:
 
 def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
              stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
-             fast: bool, kwargs: dict[str, Any]) -> _Call:
+             fast: bool, kwargs: dict[str, Any], prefix_allowed_tokens_fn: Any = None) -> _Call:
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
     # 1. Arguments, and `**kwargs` split into generation options and model inputs.
     _check_input_ids(input_ids)
@@ -249,7 +254,7 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
     sampler = Sampler.from_prepared(config, processors=processors, layout=layout, vocab_size=vocab_size,
                                     generator=generator, prompt_length=prompt_length, attention_mask=padding,
-                                    fast=fast)
+                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     state = adapter.start(sequences, mask, model_inputs)
     return_dict = bool(config.return_dict_in_generate)
     return _Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,

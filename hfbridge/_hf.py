@@ -64,7 +64,8 @@ class ProcessorHost(GenerationMixin):
         self._prepare_special_tokens(generation_config, has_attention_mask, device=device, **kwargs)
 
     def logits_processor(self, generation_config: GenerationConfig, *, prompt_length: int | None,
-                         processors: Any, device: torch.device, attention_mask: torch.Tensor | None):
+                         processors: Any, device: torch.device, attention_mask: torch.Tensor | None,
+                         prefix_allowed_tokens_fn: Any = None):
         """HF's `_get_logits_processor`, called the way `generate` calls it for a decoder-only model."""
         model_kwargs = {"attention_mask": attention_mask} if attention_mask is not None else {}
         with warnings.catch_warnings():
@@ -76,7 +77,7 @@ class ProcessorHost(GenerationMixin):
                 generation_config,
                 input_ids_seq_length=prompt_length,
                 encoder_input_ids=None,
-                prefix_allowed_tokens_fn=None,
+                prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
                 logits_processor=processors,
                 device=device,
                 model_kwargs=model_kwargs,

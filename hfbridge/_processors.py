@@ -180,6 +180,7 @@ def build_processors(
     attention_mask: torch.Tensor | None = None,
     device: torch.device | str | None = None,
     do_sample: bool | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     **generation_kwargs: Any,
 ) -> LogitsProcessorList:
     """The `LogitsProcessorList` HF's `generate` would build for these options, in HF's order.
@@ -195,6 +196,9 @@ def build_processors(
             to keep repetition penalty off left padding.
         device: Device for the tensors processors hold (eos ids). Default: CPU.
         do_sample: Greedy or sampling; `None` decides as `sample_step` documents.
+        prefix_allowed_tokens_fn: HF's `prefix_allowed_tokens_fn(batch_id, input_ids) -> list[int]`:
+            the tokens allowed after the row's tokens `input_ids` `(seq,)`; HF's
+            `PrefixConstrainedLogitsProcessor` masks every other token (lm-format-enforcer's entry point).
         **generation_kwargs: `GenerationConfig` options (`temperature`, `top_p`, `repetition_penalty`, ...).
 
     >>> [type(p).__name__ for p in build_processors(temperature=0.7, top_p=0.9)]
@@ -204,7 +208,8 @@ def build_processors(
         generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
     )
     return processors_for_config(config, processors=processors, prompt_length=prompt_length,
-                                 attention_mask=attention_mask, device=device)
+                                 attention_mask=attention_mask, device=device,
+                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
 
 
 def processors_for_config(
@@ -214,18 +219,29 @@ def processors_for_config(
     prompt_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
     device: torch.device | str | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
 ) -> LogitsProcessorList:
     """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`).
 
     Sets the config's private special-token tensors (`_eos_token_tensor`, ...) as `generate` does.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
+    check_prefix_allowed_tokens_fn(prefix_allowed_tokens_fn)
     user = _as_processor_list(processors)
     host = ProcessorHost(device=device)
     # None, not False, for "no mask": HF then skips its padding warnings, which are `generate`'s to give.
     host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
     return host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
-                                 attention_mask=attention_mask)
+                                 attention_mask=attention_mask, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+
+def check_prefix_allowed_tokens_fn(function: Any) -> None:
+    """Raise `TypeError` unless `function` is None or callable as HF calls it."""
+    if function is not None and not callable(function):
+        raise TypeError(
+            "`prefix_allowed_tokens_fn` must be callable as prefix_allowed_tokens_fn(batch_id, input_ids) -> "
+            f"list of allowed token ids, got {type(function).__name__}."
+        )
 
 
 def _as_processor_list(processors: Iterable[Callable] | None) -> LogitsProcessorList:

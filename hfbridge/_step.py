@@ -72,6 +72,9 @@ class Sampler:
         attention_mask: `(batch, seq)` mask of a left-padded prompt (repetition penalty then
             skips the padding on transformers versions that do so).
         fast: Use hfbridge's fused sampling path: HF's distribution, not HF's random stream.
+        prefix_allowed_tokens_fn: HF's constraint hook, `(batch_id, input_ids) -> list[int]`: the
+            token ids allowed after the row's tokens `input_ids` `(seq,)` (`batch_id` is the row);
+            built into HF's `PrefixConstrainedLogitsProcessor` where HF puts it.
         **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
 
     >>> import torch
@@ -94,13 +97,15 @@ class Sampler:
         prompt_length: int | None = None,
         attention_mask: torch.Tensor | None = None,
         fast: bool = False,
+        prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
         **generation_kwargs: Any,
     ):
         config = make_generation_config(
             generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
         )
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
-                    prompt_length=prompt_length, attention_mask=attention_mask, fast=fast)
+                    prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> "Sampler":
@@ -116,7 +121,7 @@ class Sampler:
     def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
                layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
-               fast: bool = False) -> None:
+               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None) -> None:
         if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1):
             raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
         self._setup_generator(generator)
@@ -132,6 +137,7 @@ class Sampler:
         self.generation_config = config
         self.do_sample = bool(config.do_sample)
         self._user_processors = processors
+        self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
         self._attention_mask = attention_mask
         self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
         self._processors = self._build(self._device)
@@ -144,7 +150,8 @@ class Sampler:
     def _build(self, device: torch.device) -> LogitsProcessorList:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
         return processors_for_config(self.generation_config, processors=self._user_processors,
-                                     prompt_length=self.prompt_length, attention_mask=mask, device=device)
+                                     prompt_length=self.prompt_length, attention_mask=mask, device=device,
+                                     prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
 
     @property
     def processors(self) -> LogitsProcessorList:
@@ -334,6 +341,7 @@ def sample_step(
     prompt_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
     fast: bool = False,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     **generation_kwargs: Any,
 ) -> torch.LongTensor:
     """The next tokens for `logits`, as HF's `generate` would choose them with these options.
@@ -361,6 +369,8 @@ def sample_step(
     """
     options = dict(layout=layout, vocab_size=vocab_size, do_sample=do_sample, prompt_length=prompt_length,
                    fast=fast, **generation_kwargs)
+    if prefix_allowed_tokens_fn is not None:
+        options["prefix_allowed_tokens_fn"] = prefix_allowed_tokens_fn
     if generation_config is None and processors is None and attention_mask is None:
         logits = extract_logits(logits)
         sampler = _reusable_sampler(logits, options)
