@@ -323,11 +323,16 @@ def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fa
     """Processors then token choice; a processor's own exception gets the step as a note."""
     try:
         if use_fast:
-            return sampler.next_tokens(call.sequences, rows)  # reads rows, never modifies them
-        scores = sampler.process(call.sequences, rows)  # [N, V]
+            tokens = sampler.next_tokens(call.sequences, rows, check=False)  # reads rows, never modifies them
+        else:
+            scores = sampler.process(call.sequences, rows)  # [N, V]
     except Exception as error:
         _add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
         raise
+    if use_fast:
+        # The fast path's validity flag, read here (a host read on an accelerator; see Sampler.check_rows)
+        _at_step(step, sampler.check_rows)
+        return tokens
     if call.scores is not None:
         call.scores += (scores,)
     return _at_step(step, lambda: sampler.choose(scores, raw=rows))

@@ -141,6 +141,8 @@ class Sampler:
         self._attention_mask = attention_mask
         self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
         self._processors = self._build(self._device)
+        self.invalid_rows: torch.Tensor | None = None  # [N] bool, see `check_rows`
+        self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
 
     def _setup_generator(self, generator: torch.Generator | None) -> None:
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -166,7 +168,8 @@ class Sampler:
     def __call__(self, logits: Any, input_ids: torch.Tensor | None = None) -> torch.LongTensor:
         """Next tokens for `logits` given the context `input_ids`, shaped as the layout's batch axes."""
         view, ids, batch_shape = self.prepare(logits, input_ids)
-        return from_rows(self.next_tokens(ids, view), batch_shape)
+        # check=True: a call on its own has no later host read to fold the fast path's flag into
+        return from_rows(self.next_tokens(ids, view, check=True), batch_shape)
 
     def prepare(self, logits: Any, input_ids: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.LongTensor, tuple[int, ...]]:
@@ -184,20 +187,67 @@ class Sampler:
         view = self._last_rows(logits, layout)  # [N, V], the caller's memory
         return view, self.input_rows(input_ids, view, batch_shape=batch_shape), batch_shape
 
-    def next_tokens(self, input_ids: torch.LongTensor, rows: torch.Tensor) -> torch.LongTensor:
+    def next_tokens(self, input_ids: torch.LongTensor, rows: torch.Tensor, *,
+                    check: bool | None = None) -> torch.LongTensor:
         """`(rows,)` next tokens from `(rows, vocab)` logits and `(rows, seq)` ids (see `input_rows`).
 
         `rows` is read, never modified (processors run on a float32 copy). Uses the fused path
-        when the sampler is `fast` and sampling.
+        when the sampler is `fast` and sampling; exact mode raises at once for a row with nothing
+        to choose.
+
+        Args:
+            check: Fast path only: read `invalid_rows` now and raise exact mode's error for a row
+                that could not be sampled (`check_rows`). Default None: at once on CPU (free);
+                on an accelerator, not here: call `check_rows()` where you read the device anyway.
         """
         processors = self._processors_on(rows.device)
         if self.fast and self.do_sample:
-            from ._fast import fast_sample
+            from ._fast import fast_draw
 
-            return fast_sample(input_ids, self._float_copy(rows), processors, self.generator)
+            result = fast_draw(input_ids, self._float_copy(rows), processors, self.generator)
+            self.invalid_rows = ~result.valid  # [N] bool, on the device: no sync
+            self._last_fast = (result, rows)
+            if check or (check is None and rows.device.type == "cpu"):
+                self.check_rows()
+            return result.tokens
         if not processors and not self.do_sample:
             return self.choose(rows)  # plain argmax reads the logits without copying them
         return self.choose(self.process(input_ids, self._float_copy(rows)), raw=rows)
+
+    def check_rows(self, invalid: bool | None = None) -> None:
+        """Raise exact mode's error if the last fast `next_tokens` call left a row it could not sample.
+
+        The fast path draws without a host-device sync, so it cannot raise by itself on an
+        accelerator: it leaves `invalid_rows`, a `(rows,)` bool tensor on the logits' device, True
+        for each row whose final scores hold NaN or `+inf` or nothing above `-inf` (exact mode's
+        errors). This method is the point where that flag is read: `next_tokens` calls it at once
+        on CPU and `Sampler.__call__` / `sample_step` always; `generate` folds the flag into its
+        one host read per step and calls it with the value, naming the step. It also lets go of
+        the step's scores kept for the error message. Exact mode has nothing to check here.
+
+        Args:
+            invalid: `bool(invalid_rows.any())` when the caller has already read it; default None
+                reads it here (one host read).
+
+        Raises:
+            ValueError: exact mode's error for the first invalid row (NaN logits, NaN or `+inf`
+                after the processors, or every token removed), naming the row.
+        """
+        last, self._last_fast = self._last_fast, None
+        if last is None:
+            return
+        result, raw = last
+        if invalid is None:
+            invalid = bool((~result.valid).any())
+        if not invalid:
+            return
+        scores = result.final_scores()  # [N, V] HF's processed scores; invalid rows keep their cause
+        self._check_best(scores.amax(dim=-1), raw)  # NaN, or nothing left: exact mode's own error
+        first = int((~result.valid).nonzero()[0, 0])
+        raise ValueError(  # left: +inf, which exact mode's softmax cannot sample either
+            f"row {first} has a +inf score after the logits processors: nothing can be sampled "
+            "(an overflow in the model or a processor?); greedy decoding (`do_sample=False`) picks it."
+        )
 
     def rows(self, logits: Any) -> torch.Tensor:
         """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.

@@ -1,0 +1,81 @@
+"""The fast path's draw: one token per row from unnormalised weights, without `torch.multinomial`.
+
+Each pick inverts a float64 running sum with one uniform number. A row whose weights hold NaN or
+add up to nothing (the softmax of a row with NaN, `+inf` or only `-inf` scores is all NaN) gets an
+in-range token and a False in the validity flag that comes with the tokens: the caller raises on
+it, where it reads the device anyway (see `Sampler.check_rows`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["draw", "draw_checked", "pick"]
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block: int | None = None) -> torch.LongTensor:
+    """One token per row with probability `weights / weights.sum(-1)`, without `torch.multinomial`.
+
+    Two levels: a block of `block` tokens is picked by its summed weight, then a token inside it by
+    its weight. Each pick inverts a float64 running sum with one uniform number, so a row needs two
+    random numbers and no pass over the vocabulary besides the block sums; the result has exactly
+    the distribution `weights / weights.sum(-1)` (to float64 rounding).
+
+    Args:
+        weights: `(batch, vocab)` non-negative float weights, unnormalised; each row needs one > 0.
+        generator: Seeds the draw; on the device of `weights`. Default: torch's global generator.
+        block: Tokens per block. Default: the power of two nearest `sqrt(vocab)`.
+
+    Returns:
+        `(batch,)` int64 token ids.
+
+    >>> draw(torch.tensor([[0.0, 1.0, 0.0]]), torch.Generator().manual_seed(0)).tolist()
+    [1]
+    """
+    return draw_checked(weights, generator, block)[0]
+
+
+def draw_checked(weights: torch.Tensor, generator: torch.Generator | None = None,
+                 block: int | None = None) -> tuple[torch.LongTensor, torch.Tensor]:
+    """`draw`, plus a `(batch,)` bool flag: False for a row whose weights are NaN or all zero.
+
+    Such a row still gets a token id in range (never an out-of-bounds index on any device).
+
+    >>> tokens, valid = draw_checked(torch.tensor([[0.0, 2.0], [float("nan"), 1.0]]))
+    >>> valid.tolist()
+    [True, False]
+    """
+    n, vocab = weights.shape
+    if block is None:
+        block = 1 << round(math.log2(max(vocab, 1)) / 2)
+    weights = weights.contiguous()
+    full = vocab // block * block
+    sums = weights.as_strided((n, full // block, block), (vocab, block, 1)).sum(dim=-1)  # [N, NB]
+    if full < vocab:
+        sums = torch.cat([sums, weights[:, full:].sum(dim=-1, keepdim=True)], dim=-1)
+    chosen, valid = pick(sums, generator)
+    ids = chosen[:, None] * block + torch.arange(block, device=weights.device)  # [N, B]
+    inside = ids < vocab
+    ids = ids.clamp_(max=vocab - 1)
+    local = weights.gather(1, ids).mul_(inside)  # [N, B]
+    return ids.gather(1, pick(local, generator)[0][:, None]).squeeze(1), valid
+
+
+def pick(weights: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.LongTensor, torch.Tensor]:
+    """`(batch,)` index i with probability `w_i / sum(w)`, and `(batch,)` bool: the row could be drawn.
+
+    The index is the first running sum above `U * sum(w)`; a row with NaN or no weight gets an
+    index in range and False.
+
+    >>> pick(torch.tensor([[0.0, 0.0, 3.0]]))[0].tolist()
+    [2]
+    """
+    running = weights.double().cumsum(dim=-1)  # [N, K]
+    total = running[:, -1:]  # [N, 1]
+    uniform = torch.rand(total.shape, generator=generator, device=weights.device, dtype=torch.float64)
+    # U < 1 but U * total may round up to total; stay strictly below so a zero weight is never picked.
+    target = torch.minimum(uniform * total, total * (1 - 2.0**-52))
+    index = (running <= target).sum(dim=-1).clamp_(max=weights.shape[-1] - 1)
+    return index, (total > 0).squeeze(1)  # NaN > 0 is False

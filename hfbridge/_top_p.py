@@ -1,0 +1,220 @@
+"""HF's top-p cut without sorting the vocabulary: candidates by `torch.topk`, or a radix select.
+
+HF's `TopPLogitsWarper` sorts the scores ascending, takes the running sum of their softmax and
+drops every token whose running sum is `<= 1 - top_p` (a float32 comparison), keeping its last
+`min_tokens_to_keep`. In that order a token's place is set by its score: among tokens of equal
+float32 probability, the lower scores go first. Here:
+
+- `top_candidates` + `top_p_count`: the cut among the best `k` scores, when they are known to hold it.
+- `top_p_mask`: the cut over the whole row, from histograms of the probabilities' bits; a tie group
+  split by the cut is ranked by score (`keep_highest`), as HF's sort does.
+
+Only exactly equal scores are left in an order HF does not specify; there the lowest ids are kept.
+
+>>> probs = torch.tensor([[0.5, 0.2, 0.3]])
+>>> top_p_mask(probs, 0.7).tolist()
+[[True, False, True]]
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+
+__all__ = ["keep_highest", "top_candidates", "top_p_count", "top_p_mask"]
+
+_NEG_INF = float("-inf")
+_INT32_MIN = -(1 << 31)
+
+
+def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:
+    """The `k` largest scores per row, sorted descending, ties by ascending token id.
+
+    `torch.topk` (a selection, not a sort of the row), then the k winners re-sorted so that equal
+    scores come in id order. Which of several tokens tied at the k-th value are returned is
+    unspecified, as in `torch.topk`.
+
+    Args:
+        scores: `(batch, vocab)` float32.
+        k: How many, `1 <= k <= vocab`.
+
+    Returns:
+        `(batch, k)` scores and `(batch, k)` int64 token ids.
+
+    >>> top_candidates(torch.tensor([[0.0, 3.0, 1.0, 3.0]]), 3)
+    (tensor([[3., 3., 1.]]), tensor([[1, 3, 2]]))
+    """
+    cand, ids = torch.topk(scores, k, dim=-1)  # [N, k]
+    ids, order = ids.sort(dim=-1)
+    cand, order = cand.gather(1, order).sort(dim=-1, descending=True, stable=True)
+    return cand, ids.gather(1, order)
+
+
+def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: float, at_least: int) -> torch.LongTensor:
+    """`(batch, 1)` how many of the `probs` (in descending score order) HF's top-p keeps.
+
+    HF's cumulative probability at position j is the mass at or below it: `rest` (float64, the
+    tokens below every candidate) plus `probs[j:]`, summed from the smallest up as HF's ascending
+    `cumsum` does, so that a tail of tiny probabilities keeps its precision. A position is kept if
+    that, rounded to float32, is `> 1 - top_p`; the first `at_least` always are.
+
+    >>> top_p_count(torch.tensor([[0.5, 0.3, 0.2]]), torch.zeros(1, 1, dtype=torch.float64), 0.7, 1).tolist()
+    [[2]]
+    """
+    cumulative = probs.double().flip(-1).cumsum(dim=-1).flip(-1) + rest  # [N, K]
+    cut, inclusive = rounds_at_most(float32(1.0 - top_p))
+    kept = (cumulative > cut if inclusive else cumulative >= cut).sum(dim=-1, keepdim=True)
+    return kept.clamp_(min=min(at_least, probs.shape[-1]))
+
+
+def float32(x: float) -> float:
+    """`x` rounded to float32, as torch rounds a Python float compared with a float32 tensor."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def rounds_at_most(threshold: float) -> tuple[float, bool]:
+    """`(cut, inclusive)`: a double rounds to a float32 `<= threshold` iff it is `< cut` (`<=` if inclusive).
+
+    `threshold` is a non-negative float32; `cut` is the midpoint to the next float32 up, which rounds
+    down to `threshold` (ties to even) exactly when `threshold`'s last mantissa bit is 0.
+    """
+    bits = struct.unpack("<I", struct.pack("<f", threshold))[0]
+    above = struct.unpack("<f", struct.pack("<I", bits + 1))[0]
+    return (threshold + above) / 2, bits % 2 == 0
+
+
+def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,
+               scores: torch.Tensor | None = None, branch: bool = False) -> torch.Tensor:
+    """The tokens HF's `TopPLogitsWarper(top_p, min_tokens_to_keep)` keeps, by a radix select.
+
+    The kept tokens are those above a boundary probability `p*` plus some of those equal to it.
+    For non-negative floats the bit pattern orders like the value, so `p*` is found from two or three
+    probability-weighted histograms: of the high bits (which bucket holds the token where HF's
+    ascending cumulative sum crosses `1 - top_p`), then of the lower bits inside that bucket. Sums
+    are float64, rounded to float32 before the comparison, as HF's `cumsum` (double accumulation on
+    CPU) rounds its output. Of the tokens equal to `p*`, those with the highest scores are kept (HF
+    sorts by score). A row whose probabilities are NaN (its scores hold NaN or `+inf`, or are all
+    `-inf`) keeps every token, as HF's comparisons with NaN remove none. Fixed shapes, no sort, no
+    host-device sync.
+
+    Args:
+        probs: `(batch, vocab)` float32 probabilities, `softmax` of the scores.
+        top_p: Keep the most probable tokens whose probabilities add up to `top_p`. Range [0, 1].
+        min_tokens_to_keep: Keep at least that many tokens. Default: 1.
+        scores: The scores `probs` came from: they order tokens of equal probability. Default:
+            none, then the lowest ids among equal probabilities are kept.
+        branch: Allow one data-dependent check that skips the tie ranking when no tie group is
+            split (CPU eager). Default: False, fixed shapes only.
+
+    Returns:
+        `(batch, vocab)` bool, True for the tokens kept.
+
+    >>> top_p_mask(torch.tensor([[0.25, 0.25, 0.5]]), 0.6, scores=torch.tensor([[1.0, 2.0, 3.0]])).tolist()
+    [[False, True, True]]
+    """
+    n, vocab = probs.shape
+    threshold = float32(1.0 - top_p)
+    cut, inclusive = rounds_at_most(threshold)
+    bits = probs.view(torch.int32)  # [N, V]; p in [0, 1] has bits <= 0x3F800000
+    mass = probs.double()  # [N, V]
+
+    # Level 1, the high bits: the bucket of the first token (ascending) whose running sum survives
+    # (masked to 31 bits so that a NaN row cannot index out of range). Then the remaining bits
+    # inside that bucket, where bin 0 gathers every token below the bucket and the last bin every
+    # token above, so the running sum over bins is the one over tokens. Large inputs take two
+    # levels (16 + 15 bits), small ones three (11 + 10 + 10) to keep the histograms small.
+    high, levels = (15, (15,)) if n * vocab > 1 << 20 else (20, (10, 10))
+    bucket = (bits >> high).bitwise_and_((1 << (31 - high)) - 1).long()  # [N, V]; the mask: for NaN
+    hist = mass.new_zeros(n, 1 << (31 - high)).scatter_add_(1, bucket, mass)
+    prefix = _count_removed(hist.cumsum_(dim=1), cut, inclusive)  # [N, 1]; == bins when every token goes
+    nothing = prefix >= hist.shape[1]
+    prefix = prefix.clamp_(max=hist.shape[1] - 1).int()
+    shift = high
+    for width in levels:
+        shift -= width
+        low = ((bits >> shift) - ((prefix << width) - 1)).clamp_(0, (1 << width) + 1).long()  # [N, V]
+        hist = mass.new_zeros(n, (1 << width) + 2).scatter_add_(1, low, mass)
+        cum = hist.cumsum(dim=1)
+        pos = _count_removed(cum, cut, inclusive).clamp_(1, 1 << width)  # [N, 1] bin inside the bucket
+        prefix = (prefix << width) | (pos.int() - 1)
+    boundary = prefix  # [N, 1] bits of p*
+    below = cum.gather(1, pos - 1)  # [N, 1] mass strictly below p*
+    p_star = boundary.view(torch.float32).double().clamp_min_(1e-300)
+    ties = (hist.gather(1, pos) / p_star).round_()  # [N, 1] how many tokens equal p* (exact in float64)
+
+    # Ascending, each tie adds p*; those whose running sum still rounds <= threshold go.
+    room = (cut - below) / p_star
+    gone = room.floor_() if inclusive else room.ceil_().sub_(1)
+    kept = ties - gone.clamp_(min=0).minimum(ties)  # [N, 1] ties kept, highest scores first
+    boundary = boundary.masked_fill(nothing, 0x7F800000)  # above every probability: nothing kept
+
+    forced = min_tokens_to_keep > 1 or threshold >= float32(0.99)
+    if forced:
+        # HF always keeps its last `min_tokens_to_keep` tokens. With 1 that matters only when the
+        # whole mass (about 1) rounds to <= threshold, impossible unless top_p is tiny.
+        m = min(min_tokens_to_keep, vocab)
+        floor = torch.topk(probs, m, dim=-1).values[..., -1:].view(torch.int32)  # [N, 1]
+        above = (bits > floor).sum(dim=-1, keepdim=True) if m > 1 else torch.zeros_like(floor)
+        need = m - above.to(kept.dtype)
+        longer = (floor < boundary) | ((floor == boundary) & (need > kept))
+        boundary = torch.where(longer, floor, boundary)
+        kept = torch.where(longer, need, kept)
+    # NaN probabilities (NaN bits are negative or above 0x7F800000): keep the whole row.
+    boundary = boundary.masked_fill(torch.isnan(probs[:, :1]), _INT32_MIN)
+    if not forced and branch and bool(((kept == ties) | (boundary == _INT32_MIN)).all()):
+        return bits >= boundary  # no tie group is split: no ranking needed
+    at_boundary = bits == boundary  # [N, V]
+    if scores is None:
+        rank = torch.cumsum(at_boundary, dim=-1, dtype=torch.int32)  # 1-based among the ties
+        return (bits > boundary) | (at_boundary & (rank <= kept.int()))
+    return (bits > boundary) | keep_highest(at_boundary, scores, kept.int())
+
+
+def keep_highest(mask: torch.Tensor, scores: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Of the tokens in `mask`, the `count` with the highest scores; equal scores: lowest ids first.
+
+    A radix select over the scores' bits (11 + 11 + 10), with token counts: fixed shapes, no sort.
+
+    Args:
+        mask: `(batch, vocab)` bool, the candidates.
+        scores: `(batch, vocab)` float32; NaN is not expected (such rows are handled before).
+        count: `(batch, 1)` int32 how many to keep per row (more than the candidates keeps them all).
+
+    Returns:
+        `(batch, vocab)` bool, a subset of `mask`.
+
+    >>> keep_highest(torch.tensor([[True, True, False, True]]), torch.tensor([[-1.0, 2.0, 9.0, -3.0]]),
+    ...              torch.tensor([[2]], dtype=torch.int32)).tolist()
+    [[True, True, False, False]]
+    """
+    n = mask.shape[0]
+    key = scores.view(torch.int32)
+    key = torch.where(key < 0, key ^ 0x7FFFFFFF, key)  # [N, V] int32 ordered as the scores
+    remaining = count.clone()  # [N, 1] still to keep at or below the prefix
+    prefix = torch.zeros_like(count)  # [N, 1] the kept key's bits so far (arithmetic shifts)
+    for shift, width in ((21, 11), (10, 11), (0, 10)):
+        bins = 1 << width
+        if shift == 21:
+            digit = (key >> shift) + (bins >> 1)  # the sign bit too: signed top 11 bits, shifted to [0, bins)
+            inside = mask
+        else:
+            digit = (key >> shift) & (bins - 1)
+            inside = mask & ((key >> (shift + width)) == prefix)
+        digit = digit.masked_fill_(~inside, bins).long()  # outsiders to a spare bin
+        hist = torch.zeros((n, bins + 1), dtype=torch.int32, device=mask.device)
+        hist = hist.scatter_add_(1, digit, torch.ones_like(digit, dtype=torch.int32))[:, :bins]
+        at_or_above = hist.flip(1).cumsum(dim=1, dtype=torch.int32)  # [N, bins] from the top digit down
+        j = (at_or_above < remaining).sum(dim=-1, keepdim=True).clamp_(max=bins - 1)  # [N, 1]
+        above = at_or_above.gather(1, (j - 1).clamp_(min=0)).masked_fill_(j == 0, 0)
+        remaining = remaining - above.int()
+        chosen = (bins - 1 - j).int()
+        prefix = chosen - (bins >> 1) if shift == 21 else (prefix << width) | chosen
+    tie = mask & (key == prefix)
+    rank = torch.cumsum(tie, dim=-1, dtype=torch.int32)
+    return mask & ((key > prefix) | (tie & (rank <= remaining))) & (count > 0)
+
+
+def _count_removed(cum: torch.Tensor, cut: float, inclusive: bool) -> torch.Tensor:
+    """`(batch, 1)` int64 number of leading bins whose running sum rounds to float32 `<= threshold`."""
+    return (cum <= cut if inclusive else cum < cut).sum(dim=-1, keepdim=True)

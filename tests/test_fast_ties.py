@@ -1,0 +1,101 @@
+"""HF's surviving set for every row of distinct scores, at any magnitude; ties in probability by score."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import LogitsProcessorList
+from transformers.generation import logits_process as hf
+
+from hfbridge._fast import fast_scores
+from hfbridge._top_p import keep_highest
+
+NEG_INF = float("-inf")
+BOTH = pytest.mark.parametrize("candidates", [True, False], ids=["candidates", "fixed-shape"])
+
+
+def kept_ids(processors, x, candidates):
+    return (fast_scores(None, x.clone(), processors, candidates=candidates) > NEG_INF).nonzero()[:, 1].tolist()
+
+
+@BOTH
+def test_probability_ties_are_broken_by_score(candidates):
+    # Distinct scores whose float32 probabilities are all equal: HF's sort of the scores removes the lowest.
+    x = (torch.arange(10000).double() * 1e-12).float()[None]
+    assert kept_ids([hf.TopPLogitsWarper(0.5)], x, candidates) == list(range(5000, 10000))
+    reversed_ = x.flip(-1)
+    assert kept_ids([hf.TopPLogitsWarper(0.5)], reversed_, candidates) == list(range(5000))
+    shuffled = x[:, torch.randperm(10000, generator=torch.Generator().manual_seed(0))]
+    ref = LogitsProcessorList([hf.TopPLogitsWarper(0.3)])(None, shuffled.clone()) > NEG_INF
+    assert kept_ids([hf.TopPLogitsWarper(0.3)], shuffled, candidates) == ref.nonzero()[:, 1].tolist()
+    # min_tokens_to_keep: HF's last 7 in score order.
+    assert kept_ids([hf.TopPLogitsWarper(1e-9, min_tokens_to_keep=7)], x, candidates) == list(range(9993, 10000))
+
+
+def test_keep_highest_is_a_selection_by_score():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(5, 700, generator=g) * torch.tensor([[1e-30], [1e-5], [1.0], [1e5], [1e30]])
+    scores[:, ::7] *= -1
+    mask = torch.rand(5, 700, generator=g) < 0.5
+    count = torch.tensor([[0], [1], [37], [350], [700]], dtype=torch.int32)
+    out = keep_highest(mask, scores, count)
+    for row in range(5):
+        candidates = scores[row][mask[row]]
+        n = min(int(count[row]), candidates.numel())
+        expected = set(mask[row].nonzero()[:, 0][candidates.topk(n).indices].tolist()) if n else set()
+        assert set(out[row].nonzero()[:, 0].tolist()) == expected
+
+
+@st.composite
+def adversarial_rows(draw):
+    """Rows of scores at any magnitude: near-equal (probability ties), huge, tiny, or rounded to fp16/bf16."""
+    batch = draw(st.integers(1, 3))
+    vocab = draw(st.integers(2, 600))
+    seed = draw(st.integers(0, 2**31 - 1))
+    kind = draw(st.sampled_from(["spread", "near-equal", "from-half", "from-bf16", "two-scales"]))
+    scale = 10.0 ** draw(st.integers(-30, 30))
+    g = torch.Generator().manual_seed(seed)
+    order = torch.stack([torch.randperm(vocab, generator=g) for _ in range(batch)]).double()  # [B, V]
+    if kind == "spread":  # distinct, evenly spaced at this scale
+        x = order * scale
+    elif kind == "near-equal":  # one offset plus tiny distinct steps: float32 probabilities tie
+        x = draw(st.sampled_from([0.0, 1.0, -3.0, 20.0])) + order * scale * 1e-12
+    elif kind == "two-scales":  # a few large scores, the rest tiny steps
+        x = order * 1e-9 + (order > vocab - 4) * scale
+    else:  # logits produced in half precision, then upcast as HF does
+        x = torch.randn(batch, vocab, generator=g, dtype=torch.float64) * min(scale, 1e4)
+        x = x.to(torch.float16 if kind == "from-half" else torch.bfloat16)
+    x = x.float()
+    return x.clamp(-3e38, 3e38)
+
+
+def assert_hfs_set(x, ref, out):
+    """HF's surviving tokens and scores; only a row with exactly equal finite scores may differ, by
+    which of the equal tokens it keeps (HF's order among them is unspecified), never by how many."""
+    for row, r, o in zip(x, ref, out):
+        kept_r, kept_o = r > NEG_INF, o > NEG_INF
+        finite = row[torch.isfinite(row)]
+        if finite.unique().numel() == finite.numel():
+            assert torch.equal(kept_r, kept_o), (kept_r.nonzero()[:, 0].tolist(), kept_o.nonzero()[:, 0].tolist())
+            assert torch.equal(r, o)
+        else:
+            assert int(kept_r.sum()) == int(kept_o.sum())
+
+
+@BOTH
+@settings(max_examples=150, deadline=None)
+@given(x=adversarial_rows(), top_p=st.floats(0.0, 1.0), keep=st.integers(1, 3),
+       temperature=st.sampled_from([None, 0.05, 0.7, 1.0, 3.0]), top_k=st.sampled_from([None, 5, 100]))
+def test_surviving_set_equals_hfs_on_adversarial_rows(candidates, x, top_p, keep, temperature, top_k):
+    chain = ([hf.TemperatureLogitsWarper(temperature)] if temperature else []) + \
+        ([hf.TopKLogitsWarper(top_k)] if top_k else []) + [hf.TopPLogitsWarper(top_p, min_tokens_to_keep=keep)]
+    processors = LogitsProcessorList(chain)
+    assert_hfs_set(x, processors(None, x.clone()), fast_scores(None, x.clone(), processors, candidates=candidates))
+
+
+@BOTH
+@settings(max_examples=60, deadline=None)
+@given(x=adversarial_rows(), min_p=st.floats(0.0, 1.0), keep=st.integers(1, 3))
+def test_min_p_surviving_set_on_adversarial_rows(candidates, x, min_p, keep):
+    processors = LogitsProcessorList([hf.TemperatureLogitsWarper(0.9), hf.MinPLogitsWarper(min_p, keep)])
+    assert_hfs_set(x, processors(None, x.clone()), fast_scores(None, x.clone(), processors, candidates=candidates))
