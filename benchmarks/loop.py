@@ -22,7 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from hfbridge import ReturnsCache, generate  # noqa: E402
+from hfbridge import ReturnsCache, generate
 
 MODES = {
     "greedy": dict(do_sample=False),

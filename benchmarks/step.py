@@ -34,7 +34,7 @@ from transformers import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from hfbridge import Sampler, sample_step  # noqa: E402
+from hfbridge import Sampler, sample_step
 
 SIZES = [(1, 32000), (8, 50257), (32, 128256)]
 QUICK_SIZES = [(1, 32000), (32, 128256)]
@@ -42,7 +42,7 @@ PROMPT = 64  # tokens of context per row (the repetition penalty reads them)
 
 # name -> (HF processors, sample_step options); top_k=0 where HF's default top_k=50 must stay off.
 CONFIGS = {
-    "greedy": (lambda: [], dict(do_sample=False)),
+    "greedy": (list, dict(do_sample=False)),
     "temp+top-k": (lambda: [TemperatureLogitsWarper(0.7), TopKLogitsWarper(50)],
                    dict(do_sample=True, temperature=0.7, top_k=50)),
     "temp+top-p": (lambda: [TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)],

@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -31,7 +32,10 @@ example:
 def _settings(args: argparse.Namespace) -> list[tuple[str, dict]]:
     return [
         ("greedy", {}),
-        (f"temperature={args.temperature:g}, top_p={args.top_p:g}", {"temperature": args.temperature, "top_p": args.top_p}),
+        (
+            f"temperature={args.temperature:g}, top_p={args.top_p:g}",
+            {"temperature": args.temperature, "top_p": args.top_p},
+        ),
         (
             f"repetition_penalty={args.repetition_penalty:g} (greedy)",
             {"repetition_penalty": args.repetition_penalty, "do_sample": False},
@@ -39,7 +43,8 @@ def _settings(args: argparse.Namespace) -> list[tuple[str, dict]]:
     ]
 
 
-def _stream(model, tokenizer, prompt_ids: torch.Tensor, options: dict, args: argparse.Namespace) -> torch.Tensor:
+def _stream(model: Any, tokenizer: Any, prompt_ids: torch.Tensor, options: dict[str, Any],
+            args: argparse.Namespace) -> torch.Tensor:
     """Generate for one setting, printing the text as tokens arrive; returns the sequence."""
     from transformers import TextStreamer
 
@@ -140,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--prompt", default="The train", help="text to continue (default: %(default)r)")
     demo.add_argument("--max-new-tokens", type=_positive, default=48,
                       help="tokens to generate per setting (default: %(default)s)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the torch.Generator used for sampling (default: %(default)s)")
+    demo.add_argument("--seed", type=int, default=0,
+                      help="seed of the torch.Generator used for sampling (default: %(default)s)")
     demo.add_argument("--temperature", type=float, default=0.8,
                       help="temperature of the sampling setting (default: %(default)s)")
     demo.add_argument("--top-p", type=float, default=0.9, help="top_p of the sampling setting (default: %(default)s)")

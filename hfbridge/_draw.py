@@ -15,7 +15,7 @@ import torch
 __all__ = ["draw", "draw_checked", "pick"]
 
 
-def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block: int | None = None) -> torch.LongTensor:
+def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block: int | None = None) -> torch.Tensor:
     """One token per row with probability `weights / weights.sum(-1)`, without `torch.multinomial`.
 
     Two levels: a block of `block` tokens is picked by its summed weight, then a token inside it by
@@ -38,7 +38,7 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block:
 
 
 def draw_checked(weights: torch.Tensor, generator: torch.Generator | None = None,
-                 block: int | None = None) -> tuple[torch.LongTensor, torch.Tensor]:
+                 block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`draw`, plus a `(batch,)` bool flag: False for a row whose weights are NaN or all zero.
 
     Such a row still gets a token id in range (never an out-of-bounds index on any device).
@@ -63,7 +63,7 @@ def draw_checked(weights: torch.Tensor, generator: torch.Generator | None = None
     return ids.gather(1, pick(local, generator)[0][:, None]).squeeze(1), valid
 
 
-def pick(weights: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.LongTensor, torch.Tensor]:
+def pick(weights: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(batch,)` index i with probability `w_i / sum(w)`, and `(batch,)` bool: the row could be drawn.
 
     The index is the first running sum above `U * sum(w)`; a row with NaN or no weight gets an

@@ -102,7 +102,8 @@ class StepTrace:
         how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
         token = f"token {self.token}" + (f" {self.token_label(self.token)}" if self.tokenizer is not None else "")
         p = self.stages[-1].probs()[self.token].item()
-        return f"row {self.row} of {self.batch_rows}: {token} {how}, p={p:.3f} after {len(self.stages) - 1} processor(s)"
+        processors = len(self.stages) - 1
+        return f"row {self.row} of {self.batch_rows}: {token} {how}, p={p:.3f} after {processors} processor(s)"
 
     def __str__(self) -> str:
         lines = [f"explain_step: {self._summary()}"]
@@ -156,7 +157,8 @@ class StepTrace:
             ("entropy (nats)", [f"{s.entropy:.3f}" for s in self.stages]),
         ):
             body.append(
-                f"<tr style='border-top:1px solid #ccc'><td style='text-align:right;color:#888;white-space:nowrap'>{title}</td>"
+                "<tr style='border-top:1px solid #ccc'>"
+                f"<td style='text-align:right;color:#888;white-space:nowrap'>{title}</td>"
                 + "".join(f"<td style='text-align:left;padding:1px 6px 1px 3px'>{v}</td>" for v in values)
                 + "</tr>"
             )
@@ -168,7 +170,7 @@ class StepTrace:
             f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
         )
 
-    def plot(self, *, top: int | None = None, ax: Any = None):
+    def plot(self, *, top: int | None = None, ax: Any = None) -> Any:
         """Stacked bars: how the probability of the top tokens moves from stage to stage.
 
         Each bar is one stage; each coloured segment is one token (the input's top tokens, the
@@ -365,7 +367,7 @@ def _processor_params(processor: Any) -> dict[str, Any]:
         if name not in accepted or name == "filter_value" or value is None:
             continue
         if isinstance(value, torch.Tensor):
-            if value.numel() > _MAX_LIST_PARAM or value.is_floating_point() and value.dim() > 0:
+            if value.numel() > _MAX_LIST_PARAM or (value.is_floating_point() and value.dim() > 0):
                 continue
             value = value.item() if value.dim() == 0 else value.tolist()
         elif isinstance(value, (list, tuple)):

@@ -40,8 +40,9 @@ fixed-shape kernels run: no data-dependent Python control flow and no host-devic
 
 Rows that cannot be sampled. A row whose final scores hold NaN or `+inf`, or nothing above `-inf`,
 has no distribution; HF's `torch.multinomial` fails on it. The fused kernels give such a row an
-in-range token and, without a sync, a False in `FastDraw.valid`; the filters leave the cause in such a row
-as HF's do (its NaN and `+inf` stay), so `FastDraw.final_scores()` explains it as exact mode would. `Sampler` reads the flag and raises exact mode's error (`Sampler.check_rows`).
+in-range token and, without a sync, a False in `FastDraw.valid`; the filters leave the cause in such
+a row as HF's do (its NaN and `+inf` stay), so `FastDraw.final_scores()` explains it as exact mode
+would. `Sampler` reads the flag and raises exact mode's error (`Sampler.check_rows`).
 `fast_sample` alone returns the tokens only.
 
 >>> import torch
@@ -55,6 +56,8 @@ torch.Size([1])
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from transformers import (
@@ -74,7 +77,7 @@ _NEG_INF = float("-inf")
 _CANDIDATES = (64, 512)  # top-p candidates tried on CPU before the radix select
 
 
-def fast_scores(input_ids: torch.LongTensor | None, scores: torch.Tensor,
+def fast_scores(input_ids: torch.Tensor | None, scores: torch.Tensor,
                 processors: LogitsProcessorList, *, candidates: bool | None = None) -> torch.Tensor:
     """The scores HF's `processors(input_ids, scores)` returns, computed with the fused kernels.
 
@@ -95,9 +98,9 @@ def fast_scores(input_ids: torch.LongTensor | None, scores: torch.Tensor,
     return _run(input_ids, scores, processors, candidates).materialize()
 
 
-def fast_sample(input_ids: torch.LongTensor | None, scores: torch.Tensor,
+def fast_sample(input_ids: torch.Tensor | None, scores: torch.Tensor,
                 processors: LogitsProcessorList, generator: torch.Generator | None = None,
-                *, candidates: bool | None = None) -> torch.LongTensor:
+                *, candidates: bool | None = None) -> torch.Tensor:
     """Run `processors` and draw one token per row from HF's final distribution.
 
     Args:
@@ -129,7 +132,7 @@ class FastDraw:
             without a host-device sync; reading it is the caller's choice of sync point.
     """
 
-    def __init__(self, tokens: torch.LongTensor, valid: torch.Tensor, state: _State) -> None:
+    def __init__(self, tokens: torch.Tensor, valid: torch.Tensor, state: _State) -> None:
         self.tokens = tokens  # [N]
         self.valid = valid  # [N] bool
         self._state = state
@@ -143,7 +146,7 @@ class FastDraw:
         return self._state.materialize()
 
 
-def fast_draw(input_ids: torch.LongTensor | None, scores: torch.Tensor, processors: LogitsProcessorList,
+def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: LogitsProcessorList,
               generator: torch.Generator | None = None, *, candidates: bool | None = None) -> FastDraw:
     """`fast_sample` that also says, without a host-device sync, which rows could be sampled.
 
@@ -188,6 +191,7 @@ class _State:
             self.scores.div_(self.temperature)  # HF: scores / temperature
             self.temperature = None
         if self.ids is not None:
+            assert self.cand_keep is not None  # set together with `ids`
             self.keep = self.scores.new_zeros((n, vocab), dtype=torch.bool).scatter_(1, self.ids, self.cand_keep)
             self.ids = self.cand = self.cand_keep = None
         if self.keep is not None:
@@ -196,14 +200,17 @@ class _State:
         self.probs = None
         return self.scores
 
-    def filtered(self, filter_value: float, *, keep=None, probs=None, ids=None, cand=None, cand_keep=None):
+    def filtered(self, filter_value: float, *, keep: torch.Tensor | None = None, probs: torch.Tensor | None = None,
+                 ids: torch.Tensor | None = None, cand: torch.Tensor | None = None,
+                 cand_keep: torch.Tensor | None = None) -> None:
         self.filter_value = float(filter_value)
         self.keep, self.probs, self.ids, self.cand, self.cand_keep = keep, probs, ids, cand, cand_keep
 
-    def sample(self, generator: torch.Generator | None) -> tuple[torch.LongTensor, torch.Tensor]:
+    def sample(self, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`(batch,)` tokens and `(batch,)` bool validity: the softmax of a row with NaN, `+inf` or
         only `-inf` is all NaN, and the draw flags NaN weights."""
         if self.ids is not None and self.filter_value == _NEG_INF:
+            assert self.cand is not None and self.cand_keep is not None  # set together with `ids`
             # softmax, not exp: torch.exp on CPU can go through MKL's threaded VML, much slower here
             weights = torch.softmax(self.cand.masked_fill(~self.cand_keep, _NEG_INF), dim=-1)  # [N, K]
             index, valid = pick(weights, generator)
@@ -213,7 +220,7 @@ class _State:
         return draw_checked(torch.softmax(self.materialize(), dim=-1), generator)
 
 
-def _run(input_ids, scores: torch.Tensor, processors, candidates: bool | None) -> _State:
+def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, candidates: bool | None) -> _State:
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or scores.dtype != torch.float32:
         got = f"{scores.dtype} of shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores)
         raise ValueError(f"`scores` must be a float32 tensor of shape (batch, vocab), got {got}.")
@@ -270,6 +277,7 @@ def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None
 def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None:
     top_p, at_least = processor.top_p, processor.min_tokens_to_keep
     if state.ids is not None and state.filter_value == _NEG_INF:
+        assert state.cand is not None and state.cand_keep is not None  # set together with `ids`
         # After top-k every other token has probability 0, so the candidates hold the whole answer.
         cand = state.cand.masked_fill(~state.cand_keep, _NEG_INF)
         probs = torch.softmax(cand, dim=-1)

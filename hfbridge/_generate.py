@@ -17,7 +17,7 @@ import difflib
 import inspect
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
@@ -36,9 +36,80 @@ _HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_token
 _SUPPORTED_MODES = ("greedy_search", "sample")
 
 
+# The return type follows `return_dict_in_generate`: a tensor by default, HF's output object with
+# `return_dict_in_generate=True`, either when a `generation_config` decides.
+@overload
 def generate(
     model: Callable[..., Any] | ModelAdapter,
-    input_ids: torch.LongTensor,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    return_dict_in_generate: Literal[False] = False,
+    **kwargs: Any,
+) -> torch.Tensor: ...
+
+
+@overload
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    return_dict_in_generate: Literal[True],
+    **kwargs: Any,
+) -> GenerateDecoderOnlyOutput: ...
+
+
+@overload
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    return_dict_in_generate: bool | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | GenerateDecoderOnlyOutput: ...
+
+
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.Tensor,
     *,
     attention_mask: torch.Tensor | None = None,
     generation_config: GenerationConfig | None = None,
@@ -54,7 +125,7 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     **kwargs: Any,
-) -> torch.LongTensor | GenerateDecoderOnlyOutput:
+) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
 
     For the same options and the same `torch.manual_seed`, the result is token for token what
@@ -132,7 +203,8 @@ def generate(
 
 def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
               stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
-              progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any, kwargs: dict[str, Any]):
+              progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any,
+              kwargs: dict[str, Any]) -> torch.Tensor | GenerateDecoderOnlyOutput:
     adapter = as_adapter(model, max_context=max_context)
     call = _prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                     processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
@@ -155,8 +227,8 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
 
     if call.config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(
-            sequences=call.sequences, scores=call.scores, logits=call.raw_logits, attentions=None,
-            hidden_states=None, past_key_values=adapter.cache(call.state),
+            sequences=cast(torch.LongTensor, call.sequences), scores=call.scores, logits=call.raw_logits,
+            attentions=None, hidden_states=None, past_key_values=adapter.cache(call.state),
         )
     return call.sequences
 
@@ -168,8 +240,8 @@ class _Call:
     config: GenerationConfig  # prepared as HF prepares it, special-token tensors set
     sampler: Sampler  # this call's processors (fresh) and token choice
     criteria: StoppingCriteriaList  # HF's own, merged with the user's
-    sequences: torch.LongTensor  # [N, T], N = prompts x num_return_sequences; grows by one column a step
-    mask: torch.LongTensor  # [N, T], grows with `sequences`
+    sequences: torch.Tensor  # [N, T], N = prompts x num_return_sequences; grows by one column a step
+    mask: torch.Tensor  # [N, T], grows with `sequences`
     state: dict[str, Any]  # the adapter's state
     prompts: int
     expand: int  # num_return_sequences
@@ -227,7 +299,8 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
             UserWarning,
             stacklevel=3,
         )
-    host._validate_generated_length(config, prompt_length, _has_default_max_length(options, generation_config))
+    has_default_max_length = _has_default_max_length(options, generation_config)
+    host._as_mixin()._validate_generated_length(config, prompt_length, has_default_max_length)
 
     # 3. One row per returned sequence, as HF's `_expand_inputs_for_generation`.
     expand = config.num_return_sequences or 1
@@ -267,7 +340,7 @@ def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any) -> None
     """Step 5, the loop of HF's `_sample`: one model call and one token per row per step, in place on `call`."""
     sampler, device = call.sampler, call.sequences.device
     rows_expected = call.sequences.shape[0]
-    pad_token = call.config._pad_token_tensor
+    pad_token: Any = call.config._pad_token_tensor  # a tensor whenever finished rows are padded
     pads_finished_rows = _pads_finished_rows(call.criteria)
     use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
     unfinished = torch.ones(rows_expected, dtype=torch.long, device=device)  # [N]
@@ -319,7 +392,7 @@ def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
     return outputs
 
 
-def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fast: bool) -> torch.LongTensor:
+def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fast: bool) -> torch.Tensor:
     """Processors then token choice; a processor's own exception gets the step as a note."""
     try:
         if use_fast:
@@ -370,7 +443,8 @@ def _checked_mask(attention_mask: Any, input_ids: torch.Tensor) -> torch.Tensor:
         )
     if attention_mask.device != input_ids.device:
         raise ValueError(
-            f"`attention_mask` is on {attention_mask.device} but `input_ids` are on {input_ids.device}; move one of them."
+            f"`attention_mask` is on {attention_mask.device} but `input_ids` are on {input_ids.device}; "
+            "move one of them."
         )
     if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("`attention_mask` must hold only 0 (padding) and 1 (token).")
@@ -456,11 +530,12 @@ def _criteria_list(stopping_criteria: Iterable[Callable] | None) -> StoppingCrit
 
 def _inferred_mask(host: ProcessorHost, input_ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
     """HF's `_prepare_attention_mask_for_generation` (its signature differs between versions)."""
-    parameters = inspect.signature(host._prepare_attention_mask_for_generation).parameters
+    prepare = host._as_mixin()._prepare_attention_mask_for_generation
+    parameters = inspect.signature(prepare).parameters
     ids = input_ids.long()
     if "generation_config" in parameters:
-        return host._prepare_attention_mask_for_generation(ids, config, {})
-    return host._prepare_attention_mask_for_generation(ids, config._pad_token_tensor, config._eos_token_tensor)
+        return prepare(ids, config, {})
+    return prepare(ids, config._pad_token_tensor, config._eos_token_tensor)
 
 
 def _expand(value: Any, batch: int, expand: int) -> Any:
@@ -469,7 +544,7 @@ def _expand(value: Any, batch: int, expand: int) -> Any:
     return value
 
 
-def _progress_bar(progress: bool, total: int):
+def _progress_bar(progress: bool, total: int) -> Any:
     if not progress:
         return None
     try:
@@ -483,7 +558,7 @@ def _add_note(error: BaseException, note: str) -> None:
     if hasattr(error, "add_note"):
         error.add_note(note)
     else:  # Python 3.10: keep the note where 3.11 would put it
-        error.__notes__ = [*getattr(error, "__notes__", []), note]
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
 
 
 def _at_step(step: int, action: Callable[[], Any]) -> Any:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import transformers
-from transformers import GenerationConfig, PretrainedConfig
+from transformers import GenerationConfig, LogitsProcessorList, PretrainedConfig, StoppingCriteriaList
 from transformers.generation.utils import GenerationMixin
-
 
 _TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
 
@@ -47,12 +47,18 @@ class ProcessorHost(GenerationMixin):
             self.config, self.generation_config = config, GenerationConfig.from_model_config(config)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
 
-    def prepare_config(self, generation_config: GenerationConfig | None, **options: Any) -> tuple[GenerationConfig, dict]:
+    def _as_mixin(self) -> Any:
+        # transformers 5 types `self` of these GenerationMixin helpers as a PreTrainedModel; the host
+        # stands in for one with the few attributes they read.
+        return self
+
+    def prepare_config(self, generation_config: GenerationConfig | None,
+                       **options: Any) -> tuple[GenerationConfig, dict[str, Any]]:
         """HF's `_prepare_generation_config`: a copy with defaults filled and `options` applied.
 
         Returns the config and the options that are not generation options.
         """
-        prepared = self._prepare_generation_config(generation_config, **options)
+        prepared = self._as_mixin()._prepare_generation_config(generation_config, **options)
         return prepared[0], prepared[1]
 
     def prepare_special_tokens(self, generation_config: GenerationConfig, has_attention_mask: bool | None,
@@ -61,11 +67,11 @@ class ProcessorHost(GenerationMixin):
         kwargs: dict[str, Any] = {}
         if batch_size is not None and "batch_size" in _parameters(GenerationMixin._prepare_special_tokens):
             kwargs["batch_size"] = batch_size
-        self._prepare_special_tokens(generation_config, has_attention_mask, device=device, **kwargs)
+        self._as_mixin()._prepare_special_tokens(generation_config, has_attention_mask, device=device, **kwargs)
 
     def logits_processor(self, generation_config: GenerationConfig, *, prompt_length: int | None,
                          processors: Any, device: torch.device, attention_mask: torch.Tensor | None,
-                         prefix_allowed_tokens_fn: Any = None):
+                         prefix_allowed_tokens_fn: Any = None) -> LogitsProcessorList:
         """HF's `_get_logits_processor`, called the way `generate` calls it for a decoder-only model."""
         model_kwargs = {"attention_mask": attention_mask} if attention_mask is not None else {}
         with warnings.catch_warnings():
@@ -73,7 +79,7 @@ class ProcessorHost(GenerationMixin):
                 # HF reads a missing length as "generating from inputs_embeds" and warns about it; a
                 # single step without prompt_length is not that, and no processor built here uses it.
                 warnings.filterwarnings("ignore", message=r"Passing `\w+` with `inputs_embeds`")
-            return self._get_logits_processor(
+            return self._as_mixin()._get_logits_processor(
                 generation_config,
                 input_ids_seq_length=prompt_length,
                 encoder_input_ids=None,
@@ -85,26 +91,26 @@ class ProcessorHost(GenerationMixin):
                 negative_prompt_attention_mask=None,
             )
 
-    def stopping_criteria(self, generation_config: GenerationConfig, stopping_criteria: Any = None, tokenizer: Any = None):
+    def stopping_criteria(self, generation_config: GenerationConfig, stopping_criteria: Any = None,
+                          tokenizer: Any = None) -> StoppingCriteriaList:
         """HF's `_get_stopping_criteria` (max length, max time, stop strings, eos) merged with user criteria."""
-        from transformers import StoppingCriteriaList
-
         criteria = stopping_criteria if stopping_criteria is not None else StoppingCriteriaList()
-        return self._get_stopping_criteria(generation_config, stopping_criteria=criteria, tokenizer=tokenizer)
+        return self._as_mixin()._get_stopping_criteria(generation_config, stopping_criteria=criteria,
+                                                       tokenizer=tokenizer)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default_configs() -> tuple[PretrainedConfig, GenerationConfig]:
     # Built once: HF's helpers only read them, and building them costs milliseconds per host.
     config = PretrainedConfig()
     return config, GenerationConfig.from_model_config(config)
 
 
-def _parameters(function) -> set[str]:
+def _parameters(function: Callable[..., Any]) -> set[str]:
     return set(inspect.signature(function).parameters)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def generation_option_names() -> frozenset[str]:
     """Every option name the installed `GenerationConfig` knows (public fields only).
 
@@ -131,7 +137,7 @@ def prepare_lengths(host: ProcessorHost, generation_config: GenerationConfig, *,
             and getattr(host.generation_config, name, None) is None
         )
 
-    host._prepare_generated_length(
+    host._as_mixin()._prepare_generated_length(
         generation_config=generation_config,
         has_default_max_length=has_default("max_length"),
         has_default_min_length=has_default("min_length"),

@@ -16,8 +16,6 @@ torch.Size([2])
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 from einops import rearrange
 
@@ -49,7 +47,7 @@ class Layout:
         self.has_seq = SEQ_AXIS in axes
 
     @classmethod
-    def for_tensor(cls, logits: torch.Tensor, layout: LayoutLike = None) -> "Layout":
+    def for_tensor(cls, logits: torch.Tensor, layout: LayoutLike = None) -> Layout:
         """The given layout, or the default for `logits.ndim` (`"v"`, `"b v"`, `"b t v"`)."""
         if isinstance(layout, Layout):
             return layout
@@ -101,7 +99,7 @@ class Layout:
         return from_rows(values, batch_shape)
 
 
-LayoutLike = Union[str, Layout, None]
+LayoutLike = str | Layout | None
 
 
 def _pattern_problem(axes: tuple[str, ...]) -> str | None:

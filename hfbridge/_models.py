@@ -22,7 +22,7 @@ inputs (after `num_return_sequences` expansion, as in HF).
 ...     return table[input_ids]
 >>> generate(Recompute(bigram, max_context=1), torch.tensor([[3]]), max_new_tokens=2).shape
 torch.Size([1, 3])
-"""
+"""  # noqa: E501 (the table rows)
 
 from __future__ import annotations
 
@@ -137,17 +137,17 @@ class ModelAdapter:
                     f"(the model's parameters: {_parameter_list(self.signature)})."
                 )
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
         """The state before the first call: the mask, the model inputs and the adapter's own entries."""
         self.check_inputs(list(model_inputs))
         return {"attention_mask": attention_mask, **model_inputs, _FED: 0}
 
-    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+    def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
         """Call the model for the next token of every row of `input_ids` `(batch, seq)`."""
         raise NotImplementedError
 
-    def update(self, outputs: Any, input_ids: torch.LongTensor, state: dict[str, Any]) -> dict[str, Any]:
+    def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
         """The state after the model returned `outputs` for the sequence `input_ids`."""
         state[_FED] = input_ids.shape[1]
         return state
@@ -200,7 +200,7 @@ class Recompute(ModelAdapter):
         self.max_context = max_context
         self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
 
-    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+    def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
         kwargs = self.model_inputs(state)
         ids = input_ids  # [B, T]
         mask = state["attention_mask"]  # [B, T]
@@ -234,7 +234,7 @@ class InputPos(ModelAdapter):
 
     reserved = ("input_pos",)
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
         if bool((attention_mask == 0).any()):
             raise ValueError(
@@ -244,7 +244,7 @@ class InputPos(ModelAdapter):
             )
         return super().start(input_ids, attention_mask, model_inputs)
 
-    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+    def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
         fed = state[_FED]
         ids = input_ids[:, fed:]  # [B, S]: the prompt first, then one token
         input_pos = torch.arange(fed, input_ids.shape[1], device=input_ids.device)  # [S]
@@ -279,20 +279,20 @@ class ReturnsCache(ModelAdapter):
         super().__init__(model)
         self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
         state = super().start(input_ids, attention_mask, model_inputs)
         state[_CACHE] = None
         return state
 
-    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+    def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
         ids = input_ids[:, state[_FED]:]  # [B, S]: the prompt first, then one token
         kwargs = self.model_inputs(state)
         if self.takes_mask:
             kwargs["attention_mask"] = state["attention_mask"]  # [B, T]: the whole sequence
         return self.model(ids, state[_CACHE], **kwargs)
 
-    def update(self, outputs: Any, input_ids: torch.LongTensor, state: dict[str, Any]) -> dict[str, Any]:
+    def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(outputs, (tuple, list)) or len(outputs) != 2:
             raise AdapterTypeError(
                 f"a ReturnsCache model must return a pair (logits, cache), got {_describe(outputs)}; "
@@ -365,7 +365,7 @@ class Hooks(ModelAdapter):
                     f"prepare_inputs accepts (its parameters: {_parameter_list(self.hook_signature)})."
                 )
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor,
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
         if not accepts(self.hook_signature, "attention_mask"):
             raise TypeError(
@@ -375,7 +375,7 @@ class Hooks(ModelAdapter):
         self.check_inputs(list(model_inputs))
         return {"attention_mask": attention_mask, **model_inputs}
 
-    def forward(self, input_ids: torch.LongTensor, state: dict[str, Any]) -> Any:
+    def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
         kwargs = self.prepare_inputs(input_ids, **state)
         if not isinstance(kwargs, Mapping):
             raise AdapterTypeError(
@@ -389,7 +389,7 @@ class Hooks(ModelAdapter):
             )
         return self.model(**kwargs)
 
-    def update(self, outputs: Any, input_ids: torch.LongTensor, state: dict[str, Any]) -> dict[str, Any]:
+    def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
         if self.update_state is None:
             return state
         new_state = self.update_state(outputs, state)
@@ -408,7 +408,8 @@ def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:
                 )
             if model.max_context is not None and model.max_context != max_context:
                 raise ValueError(
-                    f"`max_context`={max_context} disagrees with the Recompute adapter's max_context={model.max_context}."
+                    f"`max_context`={max_context} disagrees with the Recompute adapter's "
+                    f"max_context={model.max_context}."
                 )
             return Recompute(model.model, max_context=max_context)
         return model

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import functools
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -34,7 +34,7 @@ _PROCESSOR_OPTIONS = (
 _NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def step_option_names() -> frozenset[str]:
     """The generation options `sample_step` accepts on the installed transformers.
 
@@ -60,7 +60,8 @@ def check_option_names(options: Iterable[str], accepted: frozenset[str], *, call
         raise TypeError(f"{caller}() got an unexpected option `{name}`.{hint}")
 
 
-def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfig | None, options: Mapping[str, Any]) -> bool:
+def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfig | None,
+                      options: Mapping[str, Any]) -> bool:
     """Decide greedy or sampling.
 
     An explicit `do_sample` wins; otherwise any sampling option passed as a keyword
@@ -249,7 +250,10 @@ def _as_processor_list(processors: Iterable[Callable] | None) -> LogitsProcessor
                          contract="(input_ids, scores) -> scores")
 
 
-def callable_list(items: Iterable[Callable] | Callable | None, list_type: type, *, name: str, contract: str):
+_L = TypeVar("_L", bound=list)
+
+
+def callable_list(items: Iterable[Callable] | Callable | None, list_type: type[_L], *, name: str, contract: str) -> _L:
     """`items` (one callable, an iterable of them, or None) as a `list_type`, each item checked.
 
     >>> len(callable_list([len, abs], list, name="processors", contract="x -> y"))

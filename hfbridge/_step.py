@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -108,7 +108,7 @@ class Sampler:
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
 
     @classmethod
-    def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> "Sampler":
+    def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
         """A Sampler for a config already prepared by `make_generation_config` (HF defaults and
         lengths applied), skipping the second preparation and its warnings; used by `generate`.
 
@@ -122,14 +122,15 @@ class Sampler:
                layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
                fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None) -> None:
-        if vocab_size is not None and (not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1):
+        if vocab_size is not None and (
+            not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
+        ):
             raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
         self._setup_generator(generator)
         if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
-            raise ValueError(
-                f"`attention_mask` must be a (batch, seq) tensor, got "
-                f"{tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__}."
-            )
+            is_tensor = isinstance(attention_mask, torch.Tensor)
+            got = tuple(attention_mask.shape) if is_tensor else type(attention_mask).__name__
+            raise ValueError(f"`attention_mask` must be a (batch, seq) tensor, got {got}.")
         self.layout = Layout(layout) if isinstance(layout, str) else layout
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
@@ -165,14 +166,14 @@ class Sampler:
         mode = "sample" if self.do_sample else "greedy"
         return f"Sampler({mode}{', fast' if self.fast else ''}; [{names}])"
 
-    def __call__(self, logits: Any, input_ids: torch.Tensor | None = None) -> torch.LongTensor:
+    def __call__(self, logits: Any, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Next tokens for `logits` given the context `input_ids`, shaped as the layout's batch axes."""
         view, ids, batch_shape = self.prepare(logits, input_ids)
         # check=True: a call on its own has no later host read to fold the fast path's flag into
         return from_rows(self.next_tokens(ids, view, check=True), batch_shape)
 
     def prepare(self, logits: Any, input_ids: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.LongTensor, tuple[int, ...]]:
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """Check a step's arguments and flatten them: `(rows, ids, batch_shape)`.
 
         `rows` is the last-position `(rows, vocab)` view of the caller's logits (padded vocabulary
@@ -187,8 +188,8 @@ class Sampler:
         view = self._last_rows(logits, layout)  # [N, V], the caller's memory
         return view, self.input_rows(input_ids, view, batch_shape=batch_shape), batch_shape
 
-    def next_tokens(self, input_ids: torch.LongTensor, rows: torch.Tensor, *,
-                    check: bool | None = None) -> torch.LongTensor:
+    def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, *,
+                    check: bool | None = None) -> torch.Tensor:
         """`(rows,)` next tokens from `(rows, vocab)` logits and `(rows, seq)` ids (see `input_rows`).
 
         `rows` is read, never modified (processors run on a float32 copy). Uses the fused path
@@ -296,7 +297,7 @@ class Sampler:
         )
 
     def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
-                   *, batch_shape: tuple[int, ...] | None = None) -> torch.LongTensor:
+                   *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """`input_ids` as a private `(rows, seq)` int64 copy, checked against the logits rows.
 
         Args:
@@ -354,11 +355,11 @@ class Sampler:
                 f"create it with torch.Generator(device={str(device)!r})."
             )
 
-    def process(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+    def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
-        return self._processors_on(scores.device)(input_ids, scores)  # [N, V]
+        return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
-    def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.LongTensor:
+    def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.
 
         Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN); `raw`, the
@@ -393,7 +394,7 @@ def sample_step(
     fast: bool = False,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     **generation_kwargs: Any,
-) -> torch.LongTensor:
+) -> torch.Tensor:
     """The next tokens for `logits`, as HF's `generate` would choose them with these options.
 
     Takes the last position of every batch element, applies HF's logits processors in HF's order

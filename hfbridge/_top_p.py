@@ -28,7 +28,7 @@ _NEG_INF = float("-inf")
 _INT32_MIN = -(1 << 31)
 
 
-def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:
+def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `k` largest scores per row, sorted descending, ties by ascending token id.
 
     `torch.topk` (a selection, not a sort of the row), then the k winners re-sorted so that equal
@@ -51,7 +51,7 @@ def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Lo
     return cand, ids.gather(1, order)
 
 
-def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: float, at_least: int) -> torch.LongTensor:
+def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: float, at_least: int) -> torch.Tensor:
     """`(batch, 1)` how many of the `probs` (in descending score order) HF's top-p keeps.
 
     HF's cumulative probability at position j is the mass at or below it: `rest` (float64, the

@@ -286,7 +286,7 @@ def test_sample_step_reuses_its_processors_across_calls():
     sample_step(logits, ids, temperature=0.9, top_p=0.8, bad_words_ids=[[1], [2, 3]])
     cached = dict(_step._SAMPLER_CACHE)
     sample_step(logits_3d(1), context(1), temperature=0.9, top_p=0.8, bad_words_ids=[[1], [2, 3]])
-    assert _step._SAMPLER_CACHE == cached  # nothing rebuilt
+    assert cached == _step._SAMPLER_CACHE  # nothing rebuilt
 
 
 def test_reused_processors_follow_the_vocabulary_width():

@@ -8,6 +8,7 @@ notebooks can show both the full-recompute and the stateful way of calling a mod
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,7 @@ class DemoConfig:
     n_embd: int = 128
     dropout: float = 0.0
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         """Plain dict, for saving next to the weights."""
         return asdict(self)
 
@@ -70,9 +71,10 @@ class KVCache:
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this call's ``k``/``v`` [B, H, T, D] to ``layer`` and return the full ones."""
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
+        past_k, past_v = self.keys[layer], self.values[layer]
+        if past_k is not None and past_v is not None:
+            k = torch.cat([past_k, k], dim=2)
+            v = torch.cat([past_v, v], dim=2)
         self.keys[layer], self.values[layer] = k, v
         return k, v
 

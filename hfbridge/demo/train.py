@@ -35,7 +35,8 @@ def corpus_documents(path: Path | None = None) -> list[str]:
     True
     """
     text = (path or ASSET_DIR / "corpus.txt").read_text(encoding="utf-8")
-    docs, current = [], []
+    docs: list[str] = []
+    current: list[str] = []
     for line in text.splitlines(keepends=True):
         if line.startswith("# ") and current:
             docs.append("".join(current).strip() + "\n")
@@ -68,6 +69,8 @@ def build_tokenizer(documents: list[str], vocab_size: int = 512) -> Tokenizer:
 
 def _token_stream(tokenizer: Tokenizer, documents: list[str]) -> torch.Tensor:
     eos = tokenizer.token_to_id(EOS_TOKEN)
+    if eos is None:
+        raise ValueError(f"the tokenizer has no {EOS_TOKEN!r} token")
     ids: list[int] = []
     for doc in documents:
         ids.extend(tokenizer.encode(doc).ids)
@@ -129,7 +132,8 @@ def train(
     start = time.perf_counter()
     model.train()
     for step in range(steps):
-        scale = (step + 1) / warmup if step < warmup else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        cosine = 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / (steps - warmup)))
+        scale = (step + 1) / warmup if step < warmup else cosine
         for group in optimizer.param_groups:
             group["lr"] = lr * scale
         starts = torch.randint(0, data.numel() - context - 1, (batch_size, 1), generator=generator)
@@ -162,10 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1, for repeatability)")
-    parser.add_argument("--out-dir", type=Path, default=ASSET_DIR, help="output folder (default: the hfbridge.demo package)")
+    parser.add_argument("--out-dir", type=Path, default=ASSET_DIR,
+                        help="output folder (default: the hfbridge.demo package)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    train(steps=args.steps, batch_size=args.batch_size, context=args.context, lr=args.lr, seed=args.seed, out_dir=args.out_dir)
+    train(steps=args.steps, batch_size=args.batch_size, context=args.context, lr=args.lr, seed=args.seed,
+          out_dir=args.out_dir)
 
 
 if __name__ == "__main__":
