@@ -12,6 +12,7 @@ from ._layout import Layout, from_rows, to_rows
 from ._models import Hooks, InputPos, ModelAdapter, Recompute, ReturnsCache
 from ._processors import build_processors
 from ._step import Sampler, sample_step
+from ._transition_scores import compute_transition_scores
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,7 @@ __all__ = [
     "Sampler",
     "StepTrace",
     "build_processors",
+    "compute_transition_scores",
     "explain_step",
     "from_rows",
     "generate",

@@ -21,19 +21,20 @@ from typing import Any, Literal, cast, overload
 
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
+from ._beam import beam_search, check_beam_options
 from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
 from ._models import AdapterTypeError, ModelAdapter, as_adapter
 from ._processors import callable_list, make_generation_config
 from ._step import Sampler, extract_logits
+from ._strategies import check_strategy, is_beam
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
 _PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
                "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn")
 _HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
-_SUPPORTED_MODES = ("greedy_search", "sample")
 
 
 # The return type follows `return_dict_in_generate`: a tensor by default, HF's output object with
@@ -81,7 +82,7 @@ def generate(
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     return_dict_in_generate: Literal[True],
     **kwargs: Any,
-) -> GenerateDecoderOnlyOutput: ...
+) -> GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
 
 
 @overload
@@ -104,7 +105,7 @@ def generate(
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     return_dict_in_generate: bool | None = None,
     **kwargs: Any,
-) -> torch.Tensor | GenerateDecoderOnlyOutput: ...
+) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
 
 
 def generate(
@@ -125,11 +126,12 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     **kwargs: Any,
-) -> torch.Tensor | GenerateDecoderOnlyOutput:
+) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput:
     """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
 
     For the same options and the same `torch.manual_seed`, the result is token for token what
-    `model.generate()` returns for an HF model called the same way (greedy or sampling).
+    `model.generate()` returns for an HF model called the same way (greedy, sampling, beam search and
+    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_beam.py`).
 
     Args:
         model: A plain callable `model(input_ids) -> logits` that recomputes the whole sequence
@@ -172,7 +174,9 @@ def generate(
         device of `input_ids`; finished rows are filled with `pad_token_id`. With
         `return_dict_in_generate=True`, HF's `GenerateDecoderOnlyOutput` with `sequences`, and
         `scores` (processed) / `logits` (raw float32) per step when `output_scores` /
-        `output_logits` ask for them, and `past_key_values` for a `ReturnsCache` model.
+        `output_logits` ask for them, and `past_key_values` for a `ReturnsCache` model. Beam search
+        returns `(batch * num_return_sequences, ...)` sequences, or HF's `GenerateBeamDecoderOnlyOutput`
+        (`sequences_scores`, `scores`, `logits`, `beam_indices`).
 
     Runs under `torch.no_grad()`, as HF's `generate`.
 
@@ -211,6 +215,14 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
                     tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, kwargs=kwargs)
     bar = _progress_bar(progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
+    if is_beam(call.config):  # HF's own beam loop on the adapter (`_beam.py`)
+        try:
+            return beam_search(adapter, input_ids=call.sequences, attention_mask=call.mask, state=call.state,
+                               config=call.config, sampler=call.sampler, criteria=call.criteria,
+                               prompts=call.prompts, on_step=None if bar is None else lambda: bar.update(1))
+        finally:
+            if bar is not None:
+                bar.close()
     if streamer is not None:
         streamer.put(call.sequences.cpu())  # the prompt first, as HF
     try:
@@ -288,6 +300,8 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", **options)
     _check_config(config, tokenizer)
+    if is_beam(config):
+        check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
     host = ProcessorHost(device=device)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
     if attention_mask is None:
@@ -302,8 +316,8 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
     has_default_max_length = _has_default_max_length(options, generation_config)
     host._as_mixin()._validate_generated_length(config, prompt_length, has_default_max_length)
 
-    # 3. One row per returned sequence, as HF's `_expand_inputs_for_generation`.
-    expand = config.num_return_sequences or 1
+    # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
+    expand = config.num_beams if is_beam(config) else (config.num_return_sequences or 1)
     sequences = input_ids.to(dtype=torch.long, copy=True)  # [B, T], our own copy
     mask = attention_mask.to(dtype=torch.long, copy=True)  # [B, T]
     if expand > 1:
@@ -498,7 +512,8 @@ def _check_streamer(streamer: Any) -> None:
 # (`guidance_scale` and `watermarking_config` are refused for the step and the loop alike in `_processors`.)
 _UNSUPPORTED = {
     "penalty_alpha": (lambda value: value is not None and value > 0,
-                      "contrastive search re-ranks candidates with the model's hidden states"),
+                      "contrastive search re-ranks candidates with the model's hidden states. Transformers 5 moved "
+                      "it out of its core into the Hub repository transformers-community/contrastive-search"),
     "token_healing": (lambda value: bool(value), "token healing re-tokenizes the prompt; heal it before the call"),
 }
 
@@ -508,14 +523,7 @@ def _check_config(config: GenerationConfig, tokenizer: Any) -> None:
         value = getattr(config, name, None)
         if is_set(value):
             raise ValueError(f"generate() does not support `{name}`={value!r}: {why}.")
-    mode = config.get_generation_mode()
-    mode_name = getattr(mode, "value", str(mode))
-    if mode_name not in _SUPPORTED_MODES:
-        raise ValueError(
-            f"generate() does greedy decoding and sampling; these options select {mode_name.replace('_', ' ')} "
-            f"(num_beams={config.num_beams}), which it does not support. "
-            "Use num_beams=1 and no constraints / force_words_ids / assistant options / dola_layers."
-        )
+    check_strategy(config)  # greedy, sampling, beams; the refused strategies say why
     if config.stop_strings is not None and tokenizer is None:
         raise ValueError(
             f"`stop_strings`={config.stop_strings!r} needs `tokenizer=`: HF's StopStringCriteria matches the "

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ._cache import reorder_cache as _reorder
+
 # Keys the built-in adapters keep in the state for themselves.
 _FED = "_fed"  # how many tokens of the sequence the model has already seen (its cache length)
 _CACHE = "_cache"  # the cache a `ReturnsCache` model returned last
@@ -160,6 +162,18 @@ class ModelAdapter:
         """The cache to return as `past_key_values` in `GenerateDecoderOnlyOutput`, if any."""
         return None
 
+    def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
+        """The state after beam search continued row `i` from row `beam_idx[i]` (`beam_idx`: `(rows,)`).
+
+        Called after every beam search step. The default has nothing to reorder (a model that
+        recomputes the whole sequence); override it when your adapter carries a cache in `state`
+        (`hfbridge._cache.reorder_cache` handles HF `Cache` objects and batch-first tensor nests).
+        """
+        return state
+
+    def check_reorder(self) -> None:
+        """Raise `TypeError` before the first model call when beam search cannot follow this model's cache."""
+
     @staticmethod
     def model_inputs(state: dict[str, Any]) -> dict[str, Any]:
         """The extra model inputs in `state` (everything but the mask and the adapter's own keys)."""
@@ -220,8 +234,15 @@ class InputPos(ModelAdapter):
     `generate` (gpt-fast: `model.setup_caches(max_batch_size, max_seq_length)`). Such models take no
     attention mask, so left-padded batches are refused: use `ReturnsCache` or `Hooks` for those.
 
+    Beam search reorders the rows of the cache after every step. The cache is inside the model,
+    so pass `reorder_cache`, a callable `reorder_cache(beam_idx)` that permutes the model's cache
+    buffers along their batch axis (gpt-fast: `for b in model.layers: b.attention.kv_cache.k_cache =
+    b.attention.kv_cache.k_cache[beam_idx]`, the same for `v_cache`).
+
     Args:
         model: `model(idx, input_pos, **model_inputs) -> logits` of shape `(batch, seq, vocab)`.
+        reorder_cache: `reorder_cache(beam_idx)`, `beam_idx` `(rows,)`: make row `i` of the
+            model's cache a copy of row `beam_idx[i]`. Needed only for beam search. Default: None.
 
     >>> import torch
     >>> from hfbridge import InputPos, generate
@@ -233,6 +254,23 @@ class InputPos(ModelAdapter):
     """
 
     reserved = ("input_pos",)
+
+    def __init__(self, model: Callable[..., Any], *, reorder_cache: Callable[[torch.Tensor], Any] | None = None):
+        super().__init__(model)
+        self.reorder_hook = _checked_hook(reorder_cache, "reorder_cache", "reorder_cache(beam_idx)")
+
+    def check_reorder(self) -> None:
+        if self.reorder_hook is None:
+            raise TypeError(
+                "beam search reorders the model's cache after every step, and an InputPos model keeps its cache "
+                "inside itself; pass InputPos(model, reorder_cache=fn) with fn(beam_idx) permuting the cache "
+                "buffers' batch rows (see InputPos's docstring)."
+            )
+
+    def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
+        self.check_reorder()
+        self.reorder_hook(beam_idx)
+        return state
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
@@ -260,8 +298,14 @@ class ReturnsCache(ModelAdapter):
     model's signature names an `attention_mask` parameter it also receives the `(batch, seq)` mask
     of the whole sequence so far (including the new token), as HF models expect.
 
+    Beam search reorders the cache's batch rows after every step: HF `Cache` objects and nests of
+    tuples / lists / dicts of batch-first tensors automatically, any other cache through
+    `reorder_cache`.
+
     Args:
         model: `model(input_ids, cache, **model_inputs) -> (logits, cache)`.
+        reorder_cache: `reorder_cache(cache, beam_idx) -> cache`, `beam_idx` `(rows,)`: the cache
+            whose row `i` is row `beam_idx[i]` of `cache`. Default: `hfbridge`'s automatic one.
 
     >>> import torch
     >>> from hfbridge import ReturnsCache, generate
@@ -275,9 +319,16 @@ class ReturnsCache(ModelAdapter):
     (torch.Size([1, 5]), 4)
     """
 
-    def __init__(self, model: Callable[..., Any]):
+    def __init__(self, model: Callable[..., Any], *,
+                 reorder_cache: Callable[[Any, torch.Tensor], Any] | None = None):
         super().__init__(model)
         self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
+        self.reorder_hook = _checked_hook(reorder_cache, "reorder_cache", "reorder_cache(cache, beam_idx) -> cache")
+
+    def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
+        reorder = self.reorder_hook if self.reorder_hook is not None else _reorder
+        state[_CACHE] = reorder(state[_CACHE], beam_idx)
+        return state
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
@@ -325,6 +376,10 @@ class Hooks(ModelAdapter):
             whole sequence so far, `(batch, seq)`.
         update_state: `(outputs, state) -> state`, called after every model call. Default: keep
             the state as it is.
+        reorder_state: `(state, beam_idx) -> state`, called after every beam search step:
+            row `i` of every per-row entry must become row `beam_idx[i]` (`beam_idx` `(rows,)`).
+            Default: reorder `state["past_key_values"]` (HF's name for the cache) when present
+            (an HF `Cache` or a nest of batch-first tensors).
 
     >>> import torch
     >>> from hfbridge import Hooks, generate
@@ -341,7 +396,8 @@ class Hooks(ModelAdapter):
     """
 
     def __init__(self, model: Callable[..., Any], prepare_inputs: Callable[..., Mapping[str, Any]],
-                 update_state: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None):
+                 update_state: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None, *,
+                 reorder_state: Callable[[dict[str, Any], torch.Tensor], dict[str, Any]] | None = None):
         super().__init__(model)
         if not callable(prepare_inputs):
             raise TypeError(
@@ -355,7 +411,18 @@ class Hooks(ModelAdapter):
             )
         self.prepare_inputs = prepare_inputs
         self.update_state = update_state
+        self.reorder_state = _checked_hook(reorder_state, "reorder_state", "reorder_state(state, beam_idx) -> state")
         self.hook_signature = call_signature(prepare_inputs)
+
+    def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
+        if self.reorder_state is not None:
+            new_state = self.reorder_state(state, beam_idx)
+            if not isinstance(new_state, dict):
+                raise AdapterTypeError(f"reorder_state must return the state dict, got {_describe(new_state)}.")
+            return new_state
+        if state.get("past_key_values") is not None:
+            state["past_key_values"] = _reorder(state["past_key_values"], beam_idx)
+        return state
 
     def check_inputs(self, names: list[str]) -> None:
         for name in names:
@@ -396,6 +463,12 @@ class Hooks(ModelAdapter):
         if not isinstance(new_state, dict):
             raise AdapterTypeError(f"update_state must return the state dict, got {_describe(new_state)}.")
         return new_state
+
+
+def _checked_hook(hook: Any, name: str, contract: str) -> Any:
+    if hook is not None and not callable(hook):
+        raise TypeError(f"`{name}` must be callable as {contract}, got {type(hook).__name__}.")
+    return hook
 
 
 def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:

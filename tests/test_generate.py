@@ -526,9 +526,9 @@ def test_bad_prompt_and_mask():
 
 
 def test_unsupported_modes():
-    _raises_before_any_call(ValueError, "generate() does greedy decoding and sampling; these options select beam "
-                                        "search (num_beams=3), which it does not support.", max_new_tokens=3,
-                            num_beams=3)
+    _raises_before_any_call(ValueError, "generate() does not support group beam search (selected by num_beam_groups "
+                                        "> 1): transformers 5 moved it out of its core",
+                            max_new_tokens=3, num_beams=4, num_beam_groups=2, diversity_penalty=0.5)
     _raises_before_any_call(ValueError, "generate() does not support `penalty_alpha`=0.6: contrastive search re-ranks "
                                         "candidates with the model's hidden states.", max_new_tokens=3,
                             penalty_alpha=0.6, top_k=4)
