@@ -54,8 +54,13 @@ def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mas
     `GenerateBeamDecoderOnlyOutput` whose `past_key_values` is the adapter's cache.
     """
     # Any: HF types the loop's `self` as a PreTrainedModel, which the host stands in for
+    # HF keeps max(2, 1 + eos tokens) candidates per beam; with a smaller vocabulary its topk fails in torch
+    eos = config._eos_token_tensor
+    candidates = max(2, 1 + (0 if eos is None else int(eos.numel())))
+    why = f"beam search keeps {candidates} candidates per beam (2, or 1 + the number of eos tokens)"
     host: Any = LoopHost(adapter, state, sampler, prompts=prompts, rows_per_prompt=config.num_beams,
-                         rows_name="num_beams", device=input_ids.device, on_step=on_step)
+                         rows_name="num_beams", device=input_ids.device, on_step=on_step,
+                         min_vocab=(candidates, why))
     model_kwargs = host.model_kwargs(attention_mask)
     processors = sampler.processors
     if "beam_scorer" in inspect.signature(GenerationMixin._beam_search).parameters:

@@ -70,6 +70,8 @@ class LoopHost(ProcessorHost):
         rows_name: What a row is, for error messages (e.g. "num_beams").
         device: The device of `input_ids`.
         on_step: Called after every model call (a progress bar's update). Default: None.
+        min_vocab: The fewest vocabulary columns the loop can work with, and why (for the error).
+            Default: `(1, "")`.
 
     >>> import torch
     >>> from hfbridge import Recompute, Sampler
@@ -80,7 +82,7 @@ class LoopHost(ProcessorHost):
 
     def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, prompts: int,
                  rows_per_prompt: int = 1, rows_name: str = "num_beams", device: torch.device | None = None,
-                 on_step: Callable[[], Any] | None = None):
+                 on_step: Callable[[], Any] | None = None, min_vocab: tuple[int, str] = (1, "")):
         super().__init__(device=device)
         self.adapter = adapter
         self.state = state
@@ -89,6 +91,7 @@ class LoopHost(ProcessorHost):
         self.rows_per_prompt = rows_per_prompt
         self.rows_name = rows_name
         self.on_step = on_step
+        self.min_vocab, self.min_vocab_reason = min_vocab
         self.step = 0  # model calls so far; step 0 is the prompt's forward pass
         self.fed = 0  # tokens of the sequence the model has seen
         self.vocab: int | None = None
@@ -149,6 +152,11 @@ class LoopHost(ProcessorHost):
         if self.vocab is None:
             self.vocab = rows.shape[1]
             _at_step(step, lambda: self.sampler.input_rows(input_ids, rows))  # prompt ids within the vocabulary
+            if rows.shape[1] < self.min_vocab:
+                raise ValueError(
+                    f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
+                    f"but {self.min_vocab_reason}."
+                )
         elif rows.shape[1] != self.vocab:
             raise ValueError(
                 f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "

@@ -50,6 +50,7 @@ CONFIGS = {
                                  length_penalty=2.0, **FULL_OUTPUT),
     "beam_sample": dict(num_beams=3, do_sample=True, top_k=12, temperature=0.8, eos_token_id=EOS_EVERY_4TH,
                         pad_token_id=PAD, num_return_sequences=2, **FULL_OUTPUT),
+    "one_new_token": dict(num_beams=2, max_new_tokens=1, num_return_sequences=2, **FULL_OUTPUT),
     "processors_lengths": dict(num_beams=2, repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=3,
                                max_length=13, max_new_tokens=None, eos_token_id=EOS_EVERY_4TH, pad_token_id=PAD),
 }
@@ -408,3 +409,46 @@ def test_refused_strategies_say_hf_moved_them_out_of_its_core():
     _refused(ValueError, "generate() does not support `penalty_alpha`=0.6: contrastive search re-ranks candidates "
                          "with the model's hidden states. Transformers 5 moved it out of its core into the Hub "
                          "repository transformers-community/contrastive-search.", penalty_alpha=0.6, top_k=4)
+
+
+def test_a_vocabulary_smaller_than_the_candidates_is_an_error():
+    with pytest.raises(ValueError, match=re.escape(
+        "generate(): at step 0 the model returned logits with 3 vocabulary columns, but beam search keeps 4 "
+        "candidates per beam (2, or 1 + the number of eos tokens)."
+    )):
+        generate(Counting(vocab=3), torch.tensor([[1, 2]]), max_new_tokens=2, num_beams=2, eos_token_id=[0, 1, 2],
+                 pad_token_id=0)
+    out = generate(Counting(vocab=2), torch.tensor([[1, 0]]), max_new_tokens=2, num_beams=3)
+    assert out.shape == (1, 4)
+
+
+def test_beams_with_prefix_allowed_tokens_fn_match_hf():
+    hf = _model("llama")
+    prompt, mask = PADDED
+
+    def allowed(batch_id, input_ids):  # HF calls it per beam row with the prompt's index
+        return [(int(input_ids[-1]) + batch_id + k) % 48 for k in (1, 2, 5)]
+
+    options = dict(max_new_tokens=5, num_beams=3, num_return_sequences=2, prefix_allowed_tokens_fn=allowed)
+    theirs = hf.generate(prompt, attention_mask=mask, use_cache=False, **options)
+    ours = generate(recompute_callable(hf), prompt, attention_mask=mask, **options)
+    assert torch.equal(ours, theirs)
+
+
+def test_progress_bar_counts_the_beam_steps(capsys):
+    out = generate(Counting(), torch.tensor([[1, 2]]), max_new_tokens=3, num_beams=2, progress=True)
+    assert out.shape == (1, 5)
+    assert "3/3" in capsys.readouterr().err
+
+
+def test_reorder_state_must_return_the_state():
+    core = TinyCore(vocab=32)
+
+    def prepare_inputs(input_ids, attention_mask, **state):
+        return {"idx": input_ids, "attention_mask": attention_mask}
+
+    with pytest.raises(TypeError, match=re.escape(
+        "generate(): after step 0: reorder_state must return the state dict, got NoneType."
+    )):
+        generate(Hooks(TinyMasked(core), prepare_inputs, reorder_state=lambda state, beam_idx: None),
+                 torch.tensor([[1, 2]]), max_new_tokens=3, num_beams=2)
