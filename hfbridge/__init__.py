@@ -12,11 +12,13 @@ from ._layout import Layout, from_rows, to_rows
 from ._models import Hooks, InputPos, ModelAdapter, Recompute, ReturnsCache
 from ._processors import build_processors
 from ._step import Sampler, sample_step
+from ._trace import GenerationTrace, TokenStep, explain_generation
 from ._transition_scores import compute_transition_scores
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GenerationTrace",
     "Hooks",
     "InputPos",
     "Layout",
@@ -25,8 +27,10 @@ __all__ = [
     "ReturnsCache",
     "Sampler",
     "StepTrace",
+    "TokenStep",
     "build_processors",
     "compute_transition_scores",
+    "explain_generation",
     "explain_step",
     "from_rows",
     "generate",

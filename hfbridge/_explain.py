@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ._html import ROOT_STYLE, page
 from ._step import Sampler
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
@@ -164,11 +165,20 @@ class StepTrace:
             )
         summary = html.escape(f"explain_step: {self._summary()}")
         return (
-            f"<div><b>{summary}</b><br><span style='font-size:85%;color:#555'>each cell: token, probability "
-            "(bar), (score); the chosen token is highlighted</span>"
+            f"<div style='{ROOT_STYLE}'><b>{summary}</b><br><span style='font-size:85%;color:#555'>each cell: token, "
+            "probability (bar), (score); the chosen token is highlighted</span>"
             "<table style='border-collapse:collapse;font-size:90%;margin-top:4px'>"
             f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
         )
+
+    def to_html(self) -> str:
+        """A standalone HTML page (its own stylesheet): the table as Jupyter shows it, anywhere.
+
+        >>> text = explain_step(torch.tensor([0.0, 1.0, 2.0]), top_k=2).to_html()
+        >>> text.startswith("<!DOCTYPE html>"), "font-family" in text
+        (True, True)
+        """
+        return page(self._repr_html_(), f"explain_step: {self._summary()}")
 
     def plot(self, *, top: int | None = None, ax: Any = None) -> Any:
         """Stacked bars: how the probability of the top tokens moves from stage to stage.
