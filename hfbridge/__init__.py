@@ -12,6 +12,7 @@ from ._layout import Layout, from_rows, to_rows
 from ._models import Hooks, InputPos, ModelAdapter, Recompute, ReturnsCache
 from ._processors import build_processors
 from ._step import Sampler, sample_step
+from ._streamers import NotebookStreamer
 from ._trace import GenerationTrace, TokenStep, explain_generation
 from ._transition_scores import compute_transition_scores
 
@@ -23,6 +24,7 @@ __all__ = [
     "InputPos",
     "Layout",
     "ModelAdapter",
+    "NotebookStreamer",
     "Recompute",
     "ReturnsCache",
     "Sampler",

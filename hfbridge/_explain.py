@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ._html import ROOT_STYLE, page
+from ._html import FONT_STYLE, page
 from ._step import Sampler
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
@@ -165,9 +165,10 @@ class StepTrace:
             )
         summary = html.escape(f"explain_step: {self._summary()}")
         return (
-            f"<div style='{ROOT_STYLE}'><b>{summary}</b><br><span style='font-size:85%;color:#555'>each cell: token, "
-            "probability (bar), (score); the chosen token is highlighted</span>"
-            "<table style='border-collapse:collapse;font-size:90%;margin-top:4px'>"
+            # The font on each child, not on the outer <div>: the same text outside Jupyter, same fragment shape.
+            f"<div><b style='{FONT_STYLE}'>{summary}</b><br><span style='{FONT_STYLE};font-size:85%;color:#555'>each "
+            "cell: token, probability (bar), (score); the chosen token is highlighted</span>"
+            f"<table style='{FONT_STYLE};border-collapse:collapse;font-size:90%;margin-top:4px'>"
             f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
         )
 

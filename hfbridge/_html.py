@@ -12,13 +12,14 @@ from __future__ import annotations
 import html
 import math
 
-__all__ = ["FONT", "MONO", "ROOT_STYLE", "escape", "page", "prob_colour"]
+__all__ = ["FONT", "FONT_STYLE", "MONO", "ROOT_STYLE", "escape", "page", "prob_colour"]
 
 # System UI fonts first (what Jupyter itself uses), then common sans-serif fallbacks.
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif'
 MONO = 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", "Liberation Mono", monospace'
+FONT_STYLE = f"font-family:{FONT}"
 # The root element of every display: the font travels with the fragment, wherever it is shown.
-ROOT_STYLE = f"font-family:{FONT};font-size:13px;line-height:1.45"
+ROOT_STYLE = f"{FONT_STYLE};font-size:13px;line-height:1.45"
 
 # The look of a notebook's output area for tables (JupyterLab's defaults, approximately).
 _PAGE_CSS = f"""

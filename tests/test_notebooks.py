@@ -22,7 +22,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():
-    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_"]
+    assert [p.name[:3] for p in NOTEBOOKS] == ["01_", "02_", "03_", "04_", "05_", "06_"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -53,6 +53,10 @@ def test_notebook_runs(path, monkeypatch):
             continue
         for output in cell.outputs:
             assert output.output_type != "error", output
+        if "NotebookStreamer(" in cell.source:
+            # One output growing in place, not one per streamed word (which exports as a word per line).
+            assert len(cell.outputs) == 1 and cell.outputs[0].output_type == "display_data", cell.outputs
+            assert cell.outputs[0].data["text/plain"].count(" ") > 10
         if ".plot(" in cell.source:
             images = [o for o in cell.outputs if "image/png" in o.get("data", {})]
             assert len(images) == 1, f"{path.name}: a .plot() cell should show one figure:\n{cell.source}"

@@ -109,7 +109,7 @@ def test_padding_after_eos_is_marked():
         assert len(trace.generated) == min(first_eos + 1, len(new[row]))
     row = finished[0]
     trace = explain_generation(out, row=row, eos_token_id=5)
-    assert "padding after eos" in trace._repr_html_() and "(padding after eos)" in str(trace)
+    assert "padding after the row finished" in trace._repr_html_() and "(padding: the row had finished)" in str(trace)
     # Without knowing eos, nothing is called padding.
     assert not any(s.padding for s in explain_generation(out, row=row).steps)
 
@@ -120,6 +120,33 @@ def test_tokens_after_an_eos_that_did_not_stop_the_row_are_generated():
     assert [s.padding for s in explain_generation(out, eos_token_id=3).steps] == [False] * 4
     out = GenerateDecoderOnlyOutput(sequences=torch.tensor([[1, 2, 3, 0, 0]]), scores=scores)
     assert [s.padding for s in explain_generation(out, eos_token_id=[3]).steps] == [False, False, True, True]
+
+
+def test_pad_run_of_a_row_stopped_without_eos():
+    hf = tiny_gpt2()
+    out = generate(recompute_callable(hf), torch.tensor([[1, 2], [3, 4]]), max_new_tokens=10, do_sample=True,
+                   stopping_criteria=[LengthOf(row=0, new=4)], eos_token_id=47, pad_token_id=9,
+                   suppress_tokens=[9, 47], return_dict_in_generate=True,
+                   output_scores=True, generator=torch.Generator().manual_seed(0))
+    assert out.sequences[0, 6:].tolist() == [9] * 6 and 9 not in out.sequences[1, 2:].tolist()
+    assert [s.padding for s in explain_generation(out, pad_token_id=9).steps] == [False] * 4 + [True] * 6
+    assert not any(s.padding for s in explain_generation(out, row=1, pad_token_id=9).steps)
+    assert not any(s.padding for s in explain_generation(out).steps)  # the filler is unknown
+
+
+class LengthOf:
+    """A stopping criterion, as a stop string is: row `row` is done after `new` tokens, without an eos.
+
+    (Finished rows get the pad token only when some criterion knows an eos, as in HF.)
+    """
+
+    def __init__(self, row: int, new: int):
+        self.row, self.new = row, new
+
+    def __call__(self, input_ids, scores, **kwargs):
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        done[self.row] = input_ids.shape[1] - 2 >= self.new
+        return done
 
 
 def test_hf_model_generate_output():
@@ -215,7 +242,10 @@ def test_standalone_page_carries_its_own_styles():
     step = hfbridge.explain_step(torch.tensor([0.0, 1.0, 2.0]), top_k=2)
     step_page = step.to_html()
     assert "font-family" in step_page.split("<style>", 1)[1] and step._repr_html_() in step_page
-    assert "font-family" in step._repr_html_().split(">", 1)[0]  # the serif fallback outside Jupyter is gone
+    # The serif fallback outside Jupyter is gone: every top-level element of the fragment names its font.
+    fragment = step._repr_html_()
+    for tag in ("<b ", "<span ", "<table "):
+        assert fragment.split(tag, 1)[1].startswith("style='font-family:")
 
 
 def test_text_table():
