@@ -149,7 +149,7 @@ class GenerationTrace:
         """
         return _trace_view.html_page(self)
 
-    def plot(self, *, ax: Any = None):
+    def plot(self, *, ax: Any = None) -> Any:
         """The chosen token's probability (top) and the entropy (bottom) at every step.
 
         With the model's own distribution available, its values are drawn beside the processed

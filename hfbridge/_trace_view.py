@@ -88,7 +88,8 @@ def _flowing_text(trace: GenerationTrace) -> str:
     if trace.tokenizer is not None and trace.prompt_text:
         parts.append(f"<span title='prompt' style='color:{_MUTED}'>{escape(trace.prompt_text)}</span>")
     elif trace.tokenizer is None and trace.prompt_ids:
-        parts.append(f"<span title='prompt' style='color:{_MUTED}'>{escape(' '.join(map(str, trace.prompt_ids)))} </span>")
+        ids = escape(" ".join(map(str, trace.prompt_ids)))
+        parts.append(f"<span title='prompt' style='color:{_MUTED}'>{ids} </span>")
     generated = [step for step in trace.steps if not step.padding]
     padding = [step for step in trace.steps if step.padding]
     for step in generated:
@@ -162,8 +163,8 @@ def _table(trace: GenerationTrace) -> str:
     body = []
     for step in trace.steps:
         row_style = f"color:{_MUTED};font-style:italic" if step.padding else ""
-        token = (f"<code style='font-family:{MONO};white-space:pre;background:{prob_colour(step.prob)};color:{_TEXT_COLOUR};"
-                 f"padding:0 2px;border-radius:2px'>{escape(trace.token_label(step.token))}</code>"
+        token = (f"<code style='font-family:{MONO};white-space:pre;background:{prob_colour(step.prob)};"
+                 f"color:{_TEXT_COLOUR};padding:0 2px;border-radius:2px'>{escape(trace.token_label(step.token))}</code>"
                  + (" <span style='font-size:11px'>padding</span>" if step.padding else ""))
         cells = [f"<td style='{number}'>{step.step}</td>", f"<td style='{cell}'>{token}</td>",
                  f"<td style='{number}'>{step.prob:.3f}</td>"]
@@ -203,7 +204,7 @@ def _optional(value: float | None) -> str:
 # --- plot -------------------------------------------------------------------------------------------
 
 
-def plot(trace: GenerationTrace, axes: Any = None):
+def plot(trace: GenerationTrace, axes: Any = None) -> Any:
     try:
         import matplotlib.pyplot as plt
     except ImportError as error:
