@@ -1,8 +1,11 @@
 """The hfbridge command line: ``python -m hfbridge demo``.
 
-The demo needs no download: it loads the small model shipped in ``hfbridge.demo``, streams its
-text for one prompt under several decoding settings (with HF's ``TextStreamer``), and prints what
-each logits processor did to the first step (`explain_step`).
+The demo needs no download: it loads the small model shipped in ``hfbridge.demo`` and runs a
+short session of Python, printing each statement (``>>> ...``) before running it, so every
+block of text on screen comes with the code that produced it: greedy, sampled and
+stories streamed with HF's ``TextStreamer`` (the last one cut by ``stop_strings``); the promise (``generate``'s
+tokens equal a loop written by hand from transformers' own processors and ``torch.multinomial``);
+and what each logits processor did to the first step (``explain_step``).
 """
 
 from __future__ import annotations
@@ -11,103 +14,159 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
 import hfbridge
 
-__all__ = ["main"]
+__all__ = ["build_parser", "demo_session", "main"]
 
 _DEMO_EPILOG = """\
-The model is hfbridge.demo.DemoLM, a 0.9M-parameter byte-level BPE transformer trained by
-`python -m hfbridge.demo.train` on text written for this project; it is a plain torch module,
-not a transformers model. Every setting uses the same seed, so a run is repeatable.
+The model is hfbridge.demo.DemoLM, a 2.2M-parameter transformer over a 2,048-token byte-level
+BPE vocabulary, trained by `python -m hfbridge.demo.train` on text written for this project
+(short stories about a seaside town, and notes about hfbridge); it is a plain torch module, not
+a transformers model. Every block is printed as the Python that runs it, so you can paste it.
+Sampling uses the same seed everywhere, so a run is repeatable.
 
-example:
-  python -m hfbridge demo --prompt "Q: Can I stream the text?" --max-new-tokens 40 --seed 1
+examples:
+  python -m hfbridge demo --prompt "The little robot" --seed 3
+  python -m hfbridge demo --prompt "Q: Can I stream the text?" --explain-top 0
 """
 
 
-def _settings(args: argparse.Namespace) -> list[tuple[str, dict]]:
-    return [
-        ("greedy", {}),
-        (
-            f"temperature={args.temperature:g}, top_p={args.top_p:g}",
-            {"temperature": args.temperature, "top_p": args.top_p},
-        ),
-        (
-            f"repetition_penalty={args.repetition_penalty:g} (greedy)",
-            {"repetition_penalty": args.repetition_penalty, "do_sample": False},
-        ),
+def _hand_chain(args: argparse.Namespace) -> str:
+    """The processors HF's ``generate`` builds for the promise block's options, written out."""
+    parts = []
+    if args.repetition_penalty != 1.0:
+        parts.append(f"RepetitionPenaltyLogitsProcessor({args.repetition_penalty!r})")
+    if args.temperature != 1.0:
+        parts.append(f"TemperatureLogitsWarper({args.temperature!r})")
+    parts.append("TopKLogitsWarper(50)")  # HF's default top_k when sampling
+    if args.top_p < 1.0:
+        parts.append(f"TopPLogitsWarper({args.top_p!r})")
+    return "LogitsProcessorList([" + ", ".join(parts) + "])"
+
+
+def demo_session(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """The demo as ``(title, statements)`` blocks of Python source, in the order they run.
+
+    The statements share one namespace; each is printed before it runs. They are built from the
+    parsed options, so what is printed is exactly what runs.
+    """
+    budget = f"max_new_tokens={args.max_new_tokens}, eos_token_id=tok.eos_token_id"
+    seed = f"generator=torch.Generator().manual_seed({args.seed})"
+    sampling = f"temperature={args.temperature!r}, top_p={args.top_p!r}"
+    penalty = f"repetition_penalty={args.repetition_penalty!r}"
+    blocks = [
+        ("setup", [
+            ("import torch\n"
+            "from transformers import TextStreamer\n"
+            "from hfbridge import ReturnsCache, explain_step, generate\n"
+            "from hfbridge.demo import load_demo_model, load_demo_tokenizer"),
+            "_ = torch.set_grad_enabled(False)  # inference only",
+            "model, tok = load_demo_model(), load_demo_tokenizer()  # a plain torch.nn.Module and its tokenizer",
+            "cached = ReturnsCache(model.forward_cached)  # the KV-cache way to call it: one new token per step",
+            f"ids = tok({args.prompt!r}, return_tensors='pt').input_ids  # [1, T]",
+            "stream = TextStreamer(tok, skip_special_tokens=True)",
+        ]),
+        ("greedy", [f"out = generate(cached, ids, {budget}, streamer=stream)"]),
+        (f"sampling: {sampling}", [f"out = generate(cached, ids, do_sample=True, {sampling}, {seed}, {budget}, streamer=stream)"]),
+        ("the same sampling, stopped at the first '.' by stop_strings", [
+            f"out = generate(cached, ids, do_sample=True, {sampling}, {seed}, {budget}, stop_strings=['.'], "
+            "tokenizer=tok, streamer=stream)",
+        ]),
+        ("the promise: the very tokens of transformers' own processors and torch.multinomial", [
+            f"out = generate(model, ids, do_sample=True, {sampling}, {penalty}, {seed}, {budget})",
+            ("from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,\n"
+            "                          TopKLogitsWarper, TopPLogitsWarper)"),
+            f"processors = {_hand_chain(args)}  # HF's order",
+            f"seq, rng = ids, torch.Generator().manual_seed({args.seed})",
+            (f"for _ in range({args.max_new_tokens}):\n"
+            "    scores = processors(seq, model(seq)[:, -1])  # [1, V]\n"
+            "    token = torch.multinomial(scores.softmax(dim=-1), 1, generator=rng)  # [1, 1]\n"
+            "    seq = torch.cat([seq, token], dim=1)\n"
+            "    if token.item() == tok.eos_token_id:\n"
+            "        break"),
+            "print(tok.decode(seq[0], skip_special_tokens=True).strip())",
+            "print('identical:', torch.equal(out, seq))",
+        ]),
     ]
+    if args.explain_top > 0:
+        blocks.append(("what each processor did to the first step", [
+            (f"print(explain_step(model(ids), ids, tokenizer=tok, top={args.explain_top}, "
+            f"{sampling}, {penalty}, {seed}))"),
+        ]))
+    return blocks
 
 
-def _stream(model: Any, tokenizer: Any, prompt_ids: torch.Tensor, options: dict[str, Any],
-            args: argparse.Namespace) -> torch.Tensor:
-    """Generate for one setting, printing the text as tokens arrive; returns the sequence."""
-    from transformers import TextStreamer
+def _as_typed(statement: str) -> str:
+    """``statement`` as an interactive session shows it: ``>>>`` on its first line, ``...`` after."""
+    first, *rest = statement.splitlines()
+    return "\n".join([f">>> {first}", *(f"... {line}" for line in rest)])
 
-    # The stateful form: the prompt is fed once, then one token per call with the KV cache.
-    return hfbridge.generate(
-        hfbridge.ReturnsCache(model.forward_cached),
-        prompt_ids,
-        max_new_tokens=args.max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        streamer=TextStreamer(tokenizer),
-        generator=torch.Generator().manual_seed(args.seed),
-        **options,
-    )
+
+def _check(args: argparse.Namespace) -> str | None:
+    """The first problem with ``args``, as one line, or ``None``; checked before anything runs."""
+    if not args.prompt:
+        return "--prompt must not be empty"
+    try:
+        hfbridge.Sampler(do_sample=True, temperature=args.temperature, top_p=args.top_p,
+                         repetition_penalty=args.repetition_penalty)
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None
 
 
 def run_demo(args: argparse.Namespace) -> int:
     """Run ``python -m hfbridge demo`` with parsed ``args``; returns the exit status."""
     from hfbridge.demo import load_demo_model, load_demo_tokenizer
 
-    torch.set_num_threads(args.threads)
+    problem = _check(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     start = time.perf_counter()
-    try:
-        # Checked before anything streams, so a bad value is one clear line, not a traceback.
-        for _, options in _settings(args):
-            hfbridge.Sampler(**options)
-    except (TypeError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    model, tokenizer = load_demo_model(), load_demo_tokenizer()
-    prompt_ids = tokenizer(args.prompt, return_tensors="pt").input_ids  # [1, T]
-    if prompt_ids.shape[1] == 0:
-        print("error: --prompt must not be empty", file=sys.stderr)
-        return 2
-    room = model.config.block_size
-    if prompt_ids.shape[1] + args.max_new_tokens > room:
+    prompt_length = len(load_demo_tokenizer()(args.prompt).input_ids)
+    room = load_demo_model().config.block_size
+    if prompt_length + args.max_new_tokens > room:
         print(
-            f"error: the prompt ({prompt_ids.shape[1]} tokens) plus --max-new-tokens={args.max_new_tokens} exceed "
+            f"error: the prompt ({prompt_length} tokens) plus --max-new-tokens={args.max_new_tokens} exceed "
             f"the demo model's {room} positions; shorten one of them",
             file=sys.stderr,
         )
         return 2
-    print(f"hfbridge {hfbridge.__version__} demo: {sum(p.numel() for p in model.parameters()):,}-parameter "
-          f"custom torch model, prompt {args.prompt!r}, seed {args.seed}")
-    with torch.no_grad():
-        for title, options in _settings(args):
-            print(f"\n--- {title} ---", flush=True)
-            _stream(model, tokenizer, prompt_ids, options, args)
-
-    if args.explain_top > 0:
-        explain_options = {
-            "temperature": args.temperature,
-            "top_p": args.top_p,
-            "repetition_penalty": args.repetition_penalty,
-            "generator": torch.Generator().manual_seed(args.seed),
-        }
-        with torch.no_grad():
-            logits = model(prompt_ids)
-        trace = hfbridge.explain_step(logits, prompt_ids, tokenizer=tokenizer, top=args.explain_top, **explain_options)
-        print("\n--- what the processors did to the first step (all three options together) ---")
-        print(trace)
-    print(f"\ndone in {time.perf_counter() - start:.1f}s")
+    print(f"hfbridge {hfbridge.__version__} demo: a custom torch model decoded by transformers' own "
+          f"processors, offline. Each block prints the Python that produced it.\n")
+    namespace: dict = {}
+    grad_enabled, threads = torch.is_grad_enabled(), torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        for title, statements in demo_session(args):
+            print(f"--- {title} ---", flush=True)
+            namespace["out"] = None
+            for statement in statements:
+                print(_as_typed(statement), flush=True)
+                exec(compile(statement, "<hfbridge demo>", "exec"), namespace)  # noqa: S102 - our own source
+            out = namespace["out"]
+            if out is not None:
+                _note_budget(out, namespace, args)
+            streamed = statements[-1].endswith("streamer=stream)")
+            # A story ends with a newline before <|endoftext|>, and the streamer adds its own.
+            if not (streamed and namespace["tok"].decode(out[0], skip_special_tokens=True).endswith("\n")):
+                print()
+    finally:
+        torch.set_grad_enabled(grad_enabled)
+        torch.set_num_threads(threads)
+    model = namespace["model"]
+    print(f"{sum(p.numel() for p in model.parameters()):,} parameters; done in {time.perf_counter() - start:.1f}s")
     return 0
+
+
+def _note_budget(out: torch.Tensor, namespace: dict, args: argparse.Namespace) -> None:
+    """Say so when a continuation was cut by ``--max-new-tokens`` rather than ended by the model."""
+    new = out.shape[1] - namespace["ids"].shape[1]
+    if new == args.max_new_tokens and out[0, -1].item() != namespace["tok"].eos_token_id:
+        print(f"[cut at --max-new-tokens={args.max_new_tokens} before the model finished; raise it to read on]")
 
 
 def _positive(text: str) -> int:
@@ -135,24 +194,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser(
         "demo",
-        help="stream text from the bundled demo model under several settings, offline",
-        description="Stream text from hfbridge's bundled demo model (offline, CPU) under three settings\n"
-        "-- greedy; temperature + top-p; repetition penalty -- then print an explain_step table\n"
-        "of what each logits processor did to the first step.",
+        help="decode with the bundled demo model, showing the code of every block, offline",
+        description="Decode with hfbridge's bundled demo model (offline, CPU, a few seconds), printing the\n"
+        "Python of every block before its output: greedy and sampled (temperature + top-p) stories\n"
+        "streamed with TextStreamer, one stopped by stop_strings; the promise (generate's tokens\n"
+        "equal a hand-written loop over transformers' processors and torch.multinomial); and an\n"
+        "explain_step table of what each processor did to the first step.",
         epilog=_DEMO_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    demo.add_argument("--prompt", default="The train", help="text to continue (default: %(default)r)")
-    demo.add_argument("--max-new-tokens", type=_positive, default=48,
-                      help="tokens to generate per setting (default: %(default)s)")
+    demo.add_argument("--prompt", default="The lighthouse keeper", help="text to continue (default: %(default)r)")
+    demo.add_argument("--max-new-tokens", type=_positive, default=160,
+                      help="most tokens per continuation; the model usually ends its story sooner with "
+                      "<|endoftext|> (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0,
-                      help="seed of the torch.Generator used for sampling (default: %(default)s)")
+                      help="seed of the torch.Generator of every sampling block (default: %(default)s)")
     demo.add_argument("--temperature", type=float, default=0.8,
-                      help="temperature of the sampling setting (default: %(default)s)")
-    demo.add_argument("--top-p", type=float, default=0.9, help="top_p of the sampling setting (default: %(default)s)")
+                      help="temperature of the sampling blocks (default: %(default)s)")
+    demo.add_argument("--top-p", type=float, default=0.9, help="top_p of the sampling blocks (default: %(default)s)")
     demo.add_argument("--repetition-penalty", type=float, default=1.3,
-                      help="penalty of the repetition-penalty setting (default: %(default)s)")
-    demo.add_argument("--explain-top", type=_non_negative, default=5,
+                      help="repetition_penalty of the promise and explain_step blocks (default: %(default)s)")
+    demo.add_argument("--explain-top", type=_non_negative, default=3,
                       help="tokens per stage in the explain_step table; 0 skips the table (default: %(default)s)")
     demo.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (default: %(default)s)")
     return parser
