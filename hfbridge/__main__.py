@@ -70,15 +70,17 @@ def demo_session(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
             "stream = TextStreamer(tok, skip_special_tokens=True)",
         ]),
         ("greedy", [f"out = generate(cached, ids, {budget}, streamer=stream)"]),
-        (f"sampling: {sampling}", [f"out = generate(cached, ids, do_sample=True, {sampling}, {seed}, {budget}, streamer=stream)"]),
+        (f"sampling: {sampling}", [
+            f"out = generate(cached, ids, do_sample=True, {sampling}, {seed}, {budget}, streamer=stream)",
+        ]),
         ("the same sampling, stopped at the first '.' by stop_strings", [
             f"out = generate(cached, ids, do_sample=True, {sampling}, {seed}, {budget}, stop_strings=['.'], "
             "tokenizer=tok, streamer=stream)",
         ]),
         ("the promise: the very tokens of transformers' own processors and torch.multinomial", [
             f"out = generate(model, ids, do_sample=True, {sampling}, {penalty}, {seed}, {budget})",
-            ("from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,\n"
-            "                          TopKLogitsWarper, TopPLogitsWarper)"),
+            ("from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,\n"
+             "                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)"),
             f"processors = {_hand_chain(args)}  # HF's order",
             f"seq, rng = ids, torch.Generator().manual_seed({args.seed})",
             (f"for _ in range({args.max_new_tokens}):\n"
@@ -146,7 +148,7 @@ def run_demo(args: argparse.Namespace) -> int:
             namespace["out"] = None
             for statement in statements:
                 print(_as_typed(statement), flush=True)
-                exec(compile(statement, "<hfbridge demo>", "exec"), namespace)  # noqa: S102 - our own source
+                exec(compile(statement, "<hfbridge demo>", "exec"), namespace)  # our own source, printed above
             out = namespace["out"]
             if out is not None:
                 _note_budget(out, namespace, args)

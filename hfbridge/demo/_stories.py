@@ -284,14 +284,16 @@ def _night_sky(rng: random.Random) -> list[str]:
         "the children up the hill to look at the stars."),
         rng.choice(("The moon rose slowly over the sea.", "The sky was dark and full of stars.")),
         f"\"That bright one is {star},\" said the teacher. \"{use}\"",
-        f"{_cap(child.name)} counted {rng.choice(('three', 'five', 'seven'))} shooting stars and made a wish for each one.",
+        f"{_cap(child.name)} counted {rng.choice(('three', 'five', 'seven'))} shooting stars "
+        "and made a wish for each one.",
         f"Then they walked back down the hill with a lantern, and {child.he} dreamed of stars all night.",
     ]
 
 
 def _market(rng: random.Random) -> list[str]:
     buyer = rng.choice(tuple(being for being in _BEINGS if being.name not in ("the baker", "the fisherman")))
-    things = rng.sample(("a loaf of bread", "a jar of honey", "a bag of apples", "a warm scarf", "a piece of cheese"), 2)
+    goods = ("a loaf of bread", "a jar of honey", "a bag of apples", "a warm scarf", "a piece of cheese")
+    things = rng.sample(goods, 2)
     return [
         f"Every Saturday there was a market in the square of {_TOWN}.",
         "The baker sold bread and buns, and the fisherman sold fresh fish.",
@@ -301,18 +303,22 @@ def _market(rng: random.Random) -> list[str]:
             "The little robot helped the old farmer carry his boxes.",
             "The children ran between the stalls and laughed.",
         )),
-        rng.choice(("At noon the bell of the town hall rang twelve times.", "At noon the sun came out over the square.")),
+        rng.choice((
+            "At noon the bell of the town hall rang twelve times.", "At noon the sun came out over the square.",
+        )),
         "By the evening the market was empty, and the square was quiet again.",
     ]
 
 
 def _snow(rng: random.Random) -> list[str]:
     cook, other = _pair(rng)
+    chores = ("cleared the snow from the steps of the station", "pulled a sled up the hill",
+              "brought warm bread to the old farmer")
     return [
         f"One winter morning, {_TOWN} woke up under a thick blanket of snow.",
         "The children built a snowman in the square and gave it the teacher's old hat.",
         f"{_cap(cook.name)} made hot soup for everyone who was cold.",
-        f"{_cap(other.name)} {rng.choice(('cleared the snow from the steps of the station', 'pulled a sled up the hill', 'brought warm bread to the old farmer'))}.",
+        f"{_cap(other.name)} {rng.choice(chores)}.",
         rng.choice((
             "The little robot had never seen snow before, and its green light blinked all day.",
             "The old dog rolled in the snow and barked with joy.",
@@ -344,7 +350,8 @@ def _lesson(rng: random.Random) -> list[str]:
 
 def _picnic(rng: random.Random) -> list[str]:
     a, b, c = rng.sample(_BEINGS, 3)
-    food = rng.sample(("bread from the bakery", "a bag of apples", "a jar of honey", "a big cheese", "a bottle of lemonade"), 3)
+    baskets = ("bread from the bakery", "a bag of apples", "a jar of honey", "a big cheese", "a bottle of lemonade")
+    food = rng.sample(baskets, 3)
     return [
         f"On a warm summer day, {a.name}, {b.name} and {c.name} had a picnic on the hill.",
         f"{_cap(a.name)} brought {food[0]}, {b.name} brought {food[1]}, and {c.name} brought {food[2]}.",
