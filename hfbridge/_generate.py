@@ -27,6 +27,7 @@ from ._beam import beam_search, check_beam_options
 from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
 from ._models import AdapterTypeError, ModelAdapter, as_adapter
+from ._processor_list import BadProcessorOutput
 from ._processors import callable_list, make_generation_config
 from ._step import Sampler, extract_logits
 from ._strategies import check_strategy, is_beam
@@ -413,6 +414,9 @@ def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fa
             tokens = sampler.next_tokens(call.sequences, rows, check=False)  # reads rows, never modifies them
         else:
             scores = sampler.process(call.sequences, rows)  # [N, V]
+    except BadProcessorOutput as error:
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        raise kind(f"generate(): at step {step}: {error}") from None
     except Exception as error:
         _add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
         raise

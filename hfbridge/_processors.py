@@ -17,6 +17,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ._hf import ProcessorHost, generation_option_names, prepare_lengths
+from ._processor_list import CheckedProcessorList
 
 # Options that turn sampling on when `do_sample` is left to hfbridge (HF's warpers).
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
@@ -222,7 +223,8 @@ def processors_for_config(
     device: torch.device | str | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
 ) -> LogitsProcessorList:
-    """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`).
+    """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`),
+    as a `CheckedProcessorList` (each processor's output is checked when the list is called).
 
     Sets the config's private special-token tensors (`_eos_token_tensor`, ...) as `generate` does.
     """
@@ -232,8 +234,9 @@ def processors_for_config(
     host = ProcessorHost(device=device)
     # None, not False, for "no mask": HF then skips its padding warnings, which are `generate`'s to give.
     host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
-    return host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
-                                 attention_mask=attention_mask, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    built = host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
+                                  attention_mask=attention_mask, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    return CheckedProcessorList(built)  # HF's items in HF's order; each output is checked when called
 
 
 def check_prefix_allowed_tokens_fn(function: Any) -> None:

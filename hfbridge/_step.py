@@ -16,6 +16,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from ._layout import Layout, LayoutLike, from_rows, rows_of
 from ._processors import make_generation_config, processors_for_config
+from ._processor_list import processor_name
+from ._row_errors import invalid_rows_error
 
 
 def extract_logits(output: Any) -> torch.Tensor:
@@ -243,12 +245,7 @@ class Sampler:
         if not invalid:
             return
         scores = result.final_scores()  # [N, V] HF's processed scores; invalid rows keep their cause
-        self._check_best(scores.amax(dim=-1), raw)  # NaN, or nothing left: exact mode's own error
-        first = int((~result.valid).nonzero()[0, 0])
-        raise ValueError(  # left: +inf, which exact mode's softmax cannot sample either
-            f"row {first} has a +inf score after the logits processors: nothing can be sampled "
-            "(an overflow in the model or a processor?); greedy decoding (`do_sample=False`) picks it."
-        )
+        self._raise_bad_rows(~result.valid, raw, scores)  # exact mode's own error (`_row_errors`)
 
     def rows(self, logits: Any) -> torch.Tensor:
         """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.
@@ -259,7 +256,7 @@ class Sampler:
         rows = self._float_copy(self._last_rows(logits, Layout.for_tensor(logits, self.layout)))
         bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
         if bool(bad.any()):
-            self._raise_bad_rows(bad, rows)
+            self._raise_bad_rows(bad, rows, rows)
         return rows
 
     def _last_rows(self, logits: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -279,22 +276,10 @@ class Sampler:
         # float32 as HF upcasts; copy=True so that in-place processors never reach the caller's tensor.
         return rows.to(dtype=torch.float32, copy=True)
 
-    def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor) -> None:
-        """Explain rows left with nothing to choose: NaN in the model's logits, or over-eager processors."""
-        nan_rows = torch.isnan(raw).any(dim=-1)
-        if bool(nan_rows.any()):
-            first = int(nan_rows.nonzero()[0, 0])
-            raise ValueError(
-                f"`logits` contain NaN in row {first} ({int(nan_rows.sum())} of {raw.shape[0]} rows have NaN); "
-                "check the model's forward pass (overflow in fp16?)."
-            )
-        first = int(bad.nonzero()[0, 0])
-        names = [type(p).__name__ for p in self._processors]
-        raise ValueError(
-            f"the logits processors {names} removed every token of row {first}: nothing is left to "
-            "choose (a row can also start all -inf or NaN). Relax the options, e.g. `bad_words_ids`, "
-            "`suppress_tokens` or `min_p`."
-        )
+    def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+        """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""
+        names = [processor_name(p) for p in self._processors]
+        raise invalid_rows_error(raw, scores, sampling=self.do_sample, processor_names=names, bad=bad)
 
     def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
                    *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -362,22 +347,28 @@ class Sampler:
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.
 
-        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN); `raw`, the
-        logits before processing, tells NaN from the model apart from processors that removed all.
+        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN), or with +inf
+        when sampling; `raw`, the logits before processing, tells the model's NaN or +inf apart
+        from the processors'.
         """
         if not self.do_sample:
             best, tokens = scores.max(dim=-1)  # the max doubles as the validity check
-            self._check_best(best, scores if raw is None else raw)
+            self._check_best(best, scores, raw)
             return tokens
         self._check_generator(scores.device)
-        self._check_best(scores.amax(dim=-1), scores if raw is None else raw)
+        self._check_best(scores.amax(dim=-1), scores, raw)
         probs = torch.nn.functional.softmax(scores, dim=-1)
         return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
 
-    def _check_best(self, best: torch.Tensor, raw: torch.Tensor) -> None:
-        valid = best > float("-inf")  # False for -inf (nothing left) and for NaN
+    def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
+        """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""
+        if self.do_sample:
+            valid = best.abs() < float("inf")  # False for -inf (nothing left), +inf and NaN
+        else:
+            valid = best > float("-inf")  # False for -inf (nothing left) and for NaN
         if not bool(valid.all()):
-            self._raise_bad_rows(~valid, raw)
+            self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
+
 
 def sample_step(
     logits: Any,

@@ -172,7 +172,8 @@ def test_nan_names_the_row():
     with pytest.raises(ValueError) as error:
         sample_step(logits)
     assert str(error.value) == (
-        "`logits` contain NaN in row 2 (1 of 3 rows have NaN); check the model's forward pass (overflow in fp16?)."
+        "`logits` contain NaN in row 2 (1 of 3 rows have NaN); check the model's forward pass "
+        "(NaN comes from inf - inf, 0 * inf or 0 / 0 upstream)."
     )
 
 
