@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import LogitsProcessorList
 
 from ._html import FONT_STYLE, page
+from ._processor_list import check_processor_output
 from ._step import Sampler
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
@@ -313,10 +315,13 @@ def explain_step(
 
     scores = rows.clone()
     stages = [_stage("input", {}, scores[row], top)]
+    outputs = []  # [N, V] per processor, for the fast path's replay below
     for processor in processors:
         # Processors may edit their input in place; each recorded stage keeps its own copy.
         params = _processor_params(processor)  # before the call: settings, not state it builds
         scores = processor(ids, scores.clone())
+        check_processor_output(processor, rows, scores, index=len(outputs))
+        outputs.append(scores)
         stages.append(_stage(_processor_name(processor), params, scores[row], top))
     # Choose for every row, as the step does, so a seeded generator draws the token `sample_step`
     # would (and a row left with no token is the step's own error). The processors are not run
@@ -324,7 +329,13 @@ def explain_step(
     if sampler.fast and sampler.do_sample:
         from ._fast import fast_sample
 
-        tokens = fast_sample(ids, rows, processors, sampler.generator)
+        # The fast path fuses some of HF's processors and calls the others; those not from
+        # transformers (a user's, possibly stateful) hand back what they returned above.
+        replayed = LogitsProcessorList(
+            processor if _from_transformers(processor) else _Replay(output)
+            for processor, output in zip(processors, outputs)
+        )
+        tokens = fast_sample(ids, rows, replayed, sampler.generator)
     else:
         tokens = sampler.choose(scores, raw=rows)
     return StepTrace(
@@ -335,6 +346,21 @@ def explain_step(
         do_sample=bool(sampler.do_sample),
         tokenizer=tokenizer,
     )
+
+
+class _Replay:
+    """Stands in for a processor that already ran for this step: returns a copy of its output."""
+
+    def __init__(self, output: torch.Tensor):
+        self.output = output  # [N, V]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.output.clone()  # a copy: later processors may edit it in place
+
+
+def _from_transformers(processor: Any) -> bool:
+    """HF's own processors are pure functions of `(input_ids, scores)`: running one twice is harmless."""
+    return type(processor).__module__.split(".")[0] == "transformers"
 
 
 def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) -> Stage:

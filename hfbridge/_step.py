@@ -8,6 +8,8 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 from __future__ import annotations
 
 import copy
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
@@ -426,8 +428,13 @@ def sample_step(
     return sampler(logits, input_ids)
 
 
-_SAMPLER_CACHE: dict[Any, Sampler] = {}
+# Building a Sampler costs ~0.5 ms (HF's config preparation and processors), several times a greedy
+# step on CPU, so `sample_step` keeps the last few. Threads share the cache: a lock guards every
+# read and write (building happens outside it; two threads building the same key both get a
+# working Sampler and the later one stays).
+_SAMPLER_CACHE: OrderedDict[Any, Sampler] = OrderedDict()
 _SAMPLER_CACHE_SIZE = 32
+_SAMPLER_CACHE_LOCK = threading.Lock()
 
 
 def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler | None:
@@ -436,7 +443,8 @@ def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler 
 
     Only plain option values are cached (numbers, strings, lists, dicts, tuples); the processors
     built for them keep nothing between calls but tensors sized by the vocabulary and device,
-    which are part of the key. Returns None when the options cannot be a key.
+    which are part of the key. Returns None when the options cannot be a key. The cache holds
+    at most `_SAMPLER_CACHE_SIZE` samplers, least recently used out first.
     """
     layout = options.get("layout")
     if layout is not None and not isinstance(layout, str):
@@ -448,12 +456,16 @@ def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler 
         key = (_frozen(options), width, logits.device)
     except (TypeError, ValueError):
         return None  # the Sampler built below raises the full error
-    sampler = _SAMPLER_CACHE.get(key)
-    if sampler is None:
-        sampler = Sampler(**options)
-        if len(_SAMPLER_CACHE) >= _SAMPLER_CACHE_SIZE:
-            _SAMPLER_CACHE.pop(next(iter(_SAMPLER_CACHE)))
+    with _SAMPLER_CACHE_LOCK:
+        sampler = _SAMPLER_CACHE.get(key)
+        if sampler is not None:
+            _SAMPLER_CACHE.move_to_end(key)
+            return sampler
+    sampler = Sampler(**options)
+    with _SAMPLER_CACHE_LOCK:
         _SAMPLER_CACHE[key] = sampler
+        while len(_SAMPLER_CACHE) > _SAMPLER_CACHE_SIZE:
+            _SAMPLER_CACHE.popitem(last=False)
     return sampler
 
 

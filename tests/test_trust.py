@@ -127,3 +127,67 @@ def test_check_function_for_processors_run_elsewhere():
     assert check_processor_output(TemperatureLogitsWarper(2.0), scores, scores) is scores
     with pytest.raises(TypeError, match=re.escape("logits processor TemperatureLogitsWarper returned None")):
         check_processor_output(TemperatureLogitsWarper(2.0), scores, None)
+
+
+# ---- explain_step(fast=True) runs each processor once (item 6) ----
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_explain_step_calls_a_stateful_processor_once(fast):
+    from hfbridge import explain_step
+
+    calls = []
+
+    def counting(input_ids, scores):
+        calls.append(1)
+        return scores + torch.arange(scores.shape[1], dtype=scores.dtype)  # deterministic: same for both runs
+
+    x = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
+    trace = explain_step(x, processors=[counting], temperature=0.7, top_p=0.9, fast=fast,
+                         generator=torch.Generator().manual_seed(5), row=1)
+    assert len(calls) == 1
+    expected = sample_step(x, processors=[counting], temperature=0.7, top_p=0.9, fast=fast,
+                           generator=torch.Generator().manual_seed(5))
+    assert trace.token == int(expected[1])
+
+
+# ---- sample_step's sampler cache under threads (item 5) ----
+
+def test_sampler_cache_is_thread_safe_and_bounded(monkeypatch):
+    import sys
+    import threading
+
+    from hfbridge import _step
+
+    size = 4
+    monkeypatch.setattr(_step, "_SAMPLER_CACHE_SIZE", size)
+    x = torch.randn(2, 10, generator=torch.Generator().manual_seed(0))
+    errors = []
+
+    def one_round(tag, n_threads=16):
+        barrier = threading.Barrier(n_threads)
+
+        def work(thread):
+            try:
+                barrier.wait()  # all threads reach the cache at about the same time
+                assert sample_step(x, temperature=0.5 + thread * 0.01 + tag * 1e-5, top_k=3).shape == (2,)
+            except BaseException as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: provokes the race
+    try:
+        for tag in range(80):  # the unlocked cache overflowed in about one round of ten
+            _step._SAMPLER_CACHE.clear()
+            for i in range(size - 1):  # one free place: every thread wants it
+                sample_step(x, temperature=2.0 + i * 0.1, top_k=3)
+            one_round(tag)
+            assert errors == [] and len(_step._SAMPLER_CACHE) <= size, (tag, errors, len(_step._SAMPLER_CACHE))
+    finally:
+        sys.setswitchinterval(interval)
+        _step._SAMPLER_CACHE.clear()
