@@ -13,7 +13,6 @@ One call of `generate`, in the order of HF's `generate`:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import warnings
 from collections.abc import Callable, Iterable
@@ -27,6 +26,7 @@ from ._beam import beam_search, check_beam_options
 from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
 from ._models import AdapterTypeError, ModelAdapter, as_adapter
+from ._option_checks import check_flag, check_options, did_you_mean
 from ._processor_list import BadProcessorOutput
 from ._processors import callable_list, make_generation_config
 from ._step import Sampler, extract_logits
@@ -210,6 +210,7 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
               stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
               progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any,
               kwargs: dict[str, Any]) -> torch.Tensor | GenerateDecoderOnlyOutput:
+    check_flag("progress", progress, optional=False)
     adapter = as_adapter(model, max_context=max_context)
     call = _prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                     processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
@@ -224,9 +225,9 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
         finally:
             if bar is not None:
                 bar.close()
-    if streamer is not None:
-        streamer.put(call.sequences.cpu())  # the prompt first, as HF
     try:
+        if streamer is not None:
+            streamer.put(call.sequences.cpu())  # the prompt first, as HF
         _decode(adapter, call, streamer, bar)
     except BaseException:
         if streamer is not None:
@@ -268,11 +269,13 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
     # 1. Arguments, and `**kwargs` split into generation options and model inputs.
     _check_input_ids(input_ids)
+    check_flag("fast", fast, optional=False)
     batch, prompt_length = input_ids.shape
     device = input_ids.device
     if attention_mask is not None:
         attention_mask = _checked_mask(attention_mask, input_ids)
     options, model_inputs = _split_kwargs(kwargs)
+    check_options(options)  # types and ranges of the generation options, HF's checks follow
     for name in model_inputs:
         try:
             adapter.check_inputs([name])
@@ -486,8 +489,7 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def _did_you_mean(name: str) -> str:
-    close = difflib.get_close_matches(name, sorted(generation_option_names()) + list(_PARAMETERS), n=1)
-    return f" Did you mean `{close[0]}`?" if close else ""
+    return did_you_mean(name, [*generation_option_names(), *_PARAMETERS])
 
 
 def _check_lengths(options: dict[str, Any], generation_config: GenerationConfig | None) -> None:

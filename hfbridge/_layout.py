@@ -16,6 +16,8 @@ torch.Size([2])
 
 from __future__ import annotations
 
+import math
+
 import torch
 from einops import rearrange
 
@@ -64,7 +66,9 @@ class Layout:
         return f"Layout({self.pattern!r})"
 
     def check(self, logits: torch.Tensor) -> None:
-        """Raise `ValueError` when `logits` does not fit this layout."""
+        """Raise `ValueError` when `logits` does not fit this layout (`TypeError` for a non-tensor)."""
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"`logits` must be a tensor, got {type(logits).__name__}.")
         if logits.ndim != len(self.axes):
             raise ValueError(
                 f"`layout` {self.pattern!r} names {len(self.axes)} axes but the logits have shape "
@@ -132,6 +136,11 @@ def to_rows(logits: torch.Tensor, layout: LayoutLike = None) -> tuple[torch.Tens
     >>> rows.shape, shape
     (torch.Size([6, 10]), (2, 3))
     """
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(
+            f"`logits` must be a tensor (any layout, e.g. [batch, seq, vocab]), got {type(logits).__name__}; "
+            "for a model output, take its logits first (sample_step accepts outputs as they are)."
+        )
     parsed = Layout.for_tensor(logits, layout)
     return parsed.to_rows(logits), parsed.batch_shape(logits)
 
@@ -145,6 +154,7 @@ def from_rows(values: torch.Tensor, batch_shape: tuple[int, ...]) -> torch.Tenso
     >>> from_rows(torch.tensor([4]), ()).shape
     torch.Size([])
     """
+    _check_rows(values, batch_shape)
     if not batch_shape:
         return values[0]
     if len(batch_shape) == 1:
@@ -152,6 +162,21 @@ def from_rows(values: torch.Tensor, batch_shape: tuple[int, ...]) -> torch.Tenso
     names = [f"a{i}" for i in range(len(batch_shape))]
     sizes = dict(zip(names, batch_shape))
     return rearrange(values, f"({' '.join(names)}) ... -> {' '.join(names)} ...", **sizes)
+
+
+def _check_rows(values: torch.Tensor, batch_shape: tuple[int, ...]) -> None:
+    """`from_rows`'s arguments: a tensor with one row per element of the batch shape."""
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"`values` must be a tensor of per-row values (rows, ...), got {type(values).__name__}.")
+    if not isinstance(batch_shape, (tuple, list, torch.Size)) or not all(
+            isinstance(size, int) and not isinstance(size, bool) and size >= 0 for size in batch_shape):
+        raise TypeError(f"`batch_shape` must be a tuple of sizes (as `to_rows` returns), got {batch_shape!r}.")
+    rows = math.prod(batch_shape)
+    if values.ndim == 0 or values.shape[0] != rows:
+        got = "a 0-d tensor" if values.ndim == 0 else f"{values.shape[0]} rows (shape {tuple(values.shape)})"
+        raise ValueError(
+            f"`values` must have one row per element of batch_shape {tuple(batch_shape)}: expected {rows} row{'s' if rows != 1 else ''}, got {got}."
+        )
 
 
 def rows_of(input_ids: torch.Tensor, batch_shape: tuple[int, ...]) -> torch.Tensor:

@@ -8,7 +8,6 @@ options up front, with messages that say what to change.
 
 from __future__ import annotations
 
-import difflib
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -17,6 +16,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ._hf import ProcessorHost, generation_option_names, prepare_lengths
+from ._option_checks import CHECKED_OPTIONS, check_flag, check_options, did_you_mean
 from ._processor_list import CheckedProcessorList
 
 # Options that turn sampling on when `do_sample` is left to hfbridge (HF's warpers).
@@ -56,9 +56,7 @@ def check_option_names(options: Iterable[str], accepted: frozenset[str], *, call
                 f"{caller}() does not use the generation option `{name}`: it chooses one token per row "
                 f"(greedy or sampling) with logits processors. Options it takes: {', '.join(sorted(accepted))}."
             )
-        close = difflib.get_close_matches(name, sorted(accepted), n=1)
-        hint = f" Did you mean `{close[0]}`?" if close else ""
-        raise TypeError(f"{caller}() got an unexpected option `{name}`.{hint}")
+        raise TypeError(f"{caller}() got an unexpected option `{name}`.{did_you_mean(name, accepted)}")
 
 
 def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfig | None,
@@ -103,6 +101,11 @@ def make_generation_config(
             f"`generation_config` must be a transformers.GenerationConfig, got {type(generation_config).__name__}."
         )
     check_option_names(options, step_option_names() if accepted is None else accepted, caller=caller)
+    check_flag("do_sample", do_sample)
+    if prompt_length is not None and not (isinstance(prompt_length, int) and not isinstance(prompt_length, bool)):
+        raise TypeError(f"`prompt_length` must be an int (the prompt's length in tokens), got "
+                        f"{type(prompt_length).__name__} {prompt_length!r}.")
+    check_options(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
     sample = resolve_do_sample(do_sample, generation_config, options)
     if generation_config is None or generation_config.do_sample != sample:
         options = {**options, "do_sample": sample}
@@ -111,8 +114,15 @@ def make_generation_config(
     if unused:  # pragma: no cover - names were checked above
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
+    if generation_config is not None:
+        try:
+            check_options({name: getattr(config, name, None) for name in CHECKED_OPTIONS})
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{str(error).rstrip('.')} (in `generation_config`).") from None
     _check_values(config)
     _refuse_model_bound_options(config, caller)
+    if accepted is None:
+        _refuse_other_strategies(config, generation_config, caller)
     needing = [name for name in _NEEDS_PROMPT_LENGTH if getattr(config, name, None) is not None]
     if prompt_length is None and needing:
         raise ValueError(
@@ -172,6 +182,43 @@ def _refuse_model_bound_options(config: GenerationConfig, caller: str) -> None:
             "the model's config); construct it yourself, e.g. "
             "`config.construct_processor(vocab_size, device)`, and pass it via `processors=`."
         )
+
+
+def _refuse_other_strategies(config: GenerationConfig, user_config: GenerationConfig | None, caller: str) -> None:
+    """A `generation_config` that selects beam search (or another strategy) is refused like the keyword.
+
+    The step chooses one token per row; HF's warpers built for `num_beams=4` keep at least two
+    tokens each, so accepting such a config would silently change the distribution.
+    """
+    mode = config.get_generation_mode()
+    mode_name = getattr(mode, "value", str(mode))
+    if mode_name in ("greedy_search", "sample"):
+        return
+    culprit = next((name for name, is_set in _STRATEGY_OPTIONS.items() if is_set(getattr(config, name, None))), None)
+    where = " (set in `generation_config`)" if user_config is not None else ""
+    if culprit is not None:
+        raise TypeError(
+            f"{caller}() does not use the generation option `{culprit}`={getattr(config, culprit)!r}{where}: it "
+            f"chooses one token per row (greedy or sampling) with logits processors, and these options select "
+            f"{mode_name.replace('_', ' ')}. Set `{culprit}` back to its default for the step."
+        )
+    raise TypeError(f"{caller}() chooses one token per row (greedy or sampling); the options{where} select "
+                    f"{mode_name.replace('_', ' ')}.")
+
+
+# Options that select a decoding strategy other than greedy or sampling (HF's `get_generation_mode`),
+# with the test for "set".
+_STRATEGY_OPTIONS: dict[str, Callable[[Any], bool]] = {
+    "num_beams": lambda value: value is not None and value > 1,
+    "num_beam_groups": lambda value: value is not None and value > 1,
+    "diversity_penalty": lambda value: value is not None and value > 0,
+    "penalty_alpha": lambda value: value is not None and value > 0,
+    "constraints": lambda value: value is not None,
+    "force_words_ids": lambda value: value is not None,
+    "dola_layers": lambda value: value is not None,
+    "assistant_early_exit": lambda value: value is not None,
+    "prompt_lookup_num_tokens": lambda value: value is not None,
+}
 
 
 def build_processors(

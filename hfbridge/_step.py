@@ -18,6 +18,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from ._layout import Layout, LayoutLike, from_rows, rows_of
 from ._processors import make_generation_config, processors_for_config
+from ._option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
 from ._processor_list import processor_name
 from ._row_errors import invalid_rows_error
 
@@ -53,6 +54,15 @@ def extract_logits(output: Any) -> torch.Tensor:
     if not logits.is_floating_point():
         raise TypeError(f"`logits` must be a floating-point tensor, got dtype {logits.dtype}.")
     return logits
+
+
+def _check_not_meta(logits: torch.Tensor) -> None:
+    if logits.device.type == "meta":
+        raise ValueError(
+            f"`logits` of shape {tuple(logits.shape)} are on the meta device: they have a shape but no values, so "
+            "there is nothing to choose from. Run the model on a real device (load or materialize its weights "
+            "first, e.g. `model.to_empty(device=...)` then load the state dict)."
+        )
 
 
 class Sampler:
@@ -130,6 +140,7 @@ class Sampler:
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
             raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
+        check_flag("fast", fast, optional=False)
         self._setup_generator(generator)
         if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
             is_tensor = isinstance(attention_mask, torch.Tensor)
@@ -144,6 +155,9 @@ class Sampler:
         self._user_processors = processors
         self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
         self._attention_mask = attention_mask
+        # Token ids in the options, checked against the vocabulary once its width is known (first step).
+        self._token_options = {name: getattr(config, name, None) for name in TOKEN_ID_OPTIONS}
+        self._vocab_checked: int | None = None
         self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
         self._processors = self._build(self._device)
         self.invalid_rows: torch.Tensor | None = None  # [N] bool, see `check_rows`
@@ -186,6 +200,7 @@ class Sampler:
         """
         logits = extract_logits(logits)
         self._check_generator(logits.device)
+        _check_not_meta(logits)
         layout = Layout.for_tensor(logits, self.layout)
         layout.check(logits)
         batch_shape = layout.batch_shape(logits)
@@ -205,6 +220,7 @@ class Sampler:
                 that could not be sampled (`check_rows`). Default None: at once on CPU (free);
                 on an accelerator, not here: call `check_rows()` where you read the device anyway.
         """
+        self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
         if self.fast and self.do_sample:
             from ._fast import fast_draw
@@ -255,6 +271,7 @@ class Sampler:
         Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
         """
         logits = extract_logits(logits)
+        _check_not_meta(logits)
         rows = self._float_copy(self._last_rows(logits, Layout.for_tensor(logits, self.layout)))
         bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
         if bool(bad.any()):
@@ -294,6 +311,8 @@ class Sampler:
         """
         n_rows = rows if isinstance(rows, int) else rows.shape[0]
         vocab = None if isinstance(rows, int) else rows.shape[1]
+        if vocab is not None:
+            self._check_vocab(vocab)
         device = self._device if isinstance(rows, int) else rows.device
         if input_ids is None:
             return torch.empty((n_rows, 0), dtype=torch.long, device=device)
@@ -344,7 +363,14 @@ class Sampler:
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
+        self._check_vocab(scores.shape[-1])
         return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
+
+    def _check_vocab(self, vocab: int) -> None:
+        """Token ids in the options must lie in `[0, vocab)`; checked once per vocabulary width."""
+        if vocab != self._vocab_checked:
+            check_token_ids_in_vocab(self._token_options, vocab)
+            self._vocab_checked = vocab
 
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.

@@ -191,3 +191,221 @@ def test_sampler_cache_is_thread_safe_and_bounded(monkeypatch):
     finally:
         sys.setswitchinterval(interval)
         _step._SAMPLER_CACHE.clear()
+
+
+# ---- option types and ranges (items 7, 8) ----
+
+@pytest.mark.parametrize("options, kind, text", [
+    ({"do_sample": "False"}, TypeError, "`do_sample` must be a bool (True or False), got str 'False'."),
+    ({"fast": "no"}, TypeError, "`fast` must be a bool (True or False), got str 'no'."),
+    ({"renormalize_logits": "no"}, TypeError, "`renormalize_logits` must be a bool (True or False), got str 'no'."),
+    ({"prompt_length": True}, TypeError, "`prompt_length` must be an int (the prompt's length in tokens), got bool True."),
+    ({"top_k": True}, TypeError, "`top_k` must be an int, got bool True."),
+    ({"top_k": 2.0}, TypeError, "`top_k` must be an int, got float 2.0."),
+    ({"no_repeat_ngram_size": True}, TypeError, "`no_repeat_ngram_size` must be an int, got bool True."),
+    ({"min_length": True, "eos_token_id": 1}, TypeError, "`min_length` must be an int >= 0, got bool True."),
+    ({"top_p": NAN}, ValueError, "`top_p` must be a finite number, got nan."),
+    ({"epsilon_cutoff": NAN}, ValueError, "`epsilon_cutoff` must be a finite number, got nan."),
+    ({"eta_cutoff": NAN}, ValueError, "`eta_cutoff` must be a finite number, got nan."),
+    ({"temperature": INF}, ValueError, "`temperature` must be a finite number, got inf."),
+    ({"min_p": "0.1"}, TypeError, "`min_p` must be a number, got str '0.1'."),
+    ({"sequence_bias": {(1,): NAN}}, ValueError, "`sequence_bias[(1,)]` must be a finite number, got nan."),
+    ({"exponential_decay_length_penalty": (2, NAN), "prompt_length": 1, "eos_token_id": 1}, ValueError,
+     "`exponential_decay_length_penalty[1] (decay_factor)` must be a finite number, got nan."),
+    ({"bad_words_ids": [[True]]}, TypeError, "`bad_words_ids[0][0]` must be a token id (an int), got bool True."),
+    ({"suppress_tokens": 5}, TypeError, "`suppress_tokens` must be a list of token ids, got int 5."),
+    ({"pad_token_id": -1}, ValueError, "`pad_token_id` must be a token id >= 0, got -1."),
+])
+def test_option_types_and_ranges(options, kind, text):
+    with pytest.raises(kind) as error:
+        sample_step(torch.randn(2, 10), **options)
+    assert str(error.value) == text
+
+
+def test_options_inside_a_generation_config_are_checked():
+    from transformers import GenerationConfig
+
+    with pytest.raises(ValueError) as error:
+        sample_step(torch.randn(2, 10), generation_config=GenerationConfig(do_sample=True, top_p=NAN))
+    assert str(error.value) == "`top_p` must be a finite number, got nan (in `generation_config`)."
+
+
+def test_hf_range_checks_still_run():
+    with pytest.raises(ValueError, match=re.escape("`top_p`=1.5 is out of range: `top_p` has to be a float > 0 and < 1")):
+        sample_step(torch.randn(2, 10), top_p=1.5)
+
+
+# ---- a generation_config selecting beam search (item 11) ----
+
+def test_step_refuses_a_config_with_beams_like_the_keyword():
+    from transformers import GenerationConfig
+
+    from hfbridge import Sampler
+
+    with pytest.raises(TypeError, match=re.escape("sample_step() does not use the generation option `num_beams`")):
+        sample_step(torch.randn(2, 10), num_beams=4)
+    with pytest.raises(TypeError) as error:
+        sample_step(torch.randn(2, 10), generation_config=GenerationConfig(num_beams=4, do_sample=True))
+    assert str(error.value) == (
+        "sample_step() does not use the generation option `num_beams`=4 (set in `generation_config`): it chooses "
+        "one token per row (greedy or sampling) with logits processors, and these options select beam sample. "
+        "Set `num_beams` back to its default for the step."
+    )
+    with pytest.raises(TypeError, match=re.escape("`num_beams`=3 (set in `generation_config`)")):
+        Sampler(GenerationConfig(num_beams=3))
+    with pytest.raises(TypeError, match=re.escape("`num_beams`=3 (set in `generation_config`)")):
+        build_processors(GenerationConfig(num_beams=3))
+
+
+# ---- generate validates every option before the first model call (item 9) ----
+
+class Counting:
+    def __init__(self, vocab=10):
+        self.calls = 0
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0))
+
+    def __call__(self, input_ids):
+        self.calls += 1
+        return self.table[input_ids]
+
+
+@pytest.mark.parametrize("options, kind, text", [
+    ({"eos_token_id": []}, ValueError,
+     "`eos_token_id` is an empty list; pass at least one token id, or None for no eos_token_id."),
+    ({"eos_token_id": "2"}, TypeError, "`eos_token_id` must be a token id or a non-empty list of them, got str '2'."),
+    ({"max_time": "x"}, TypeError, "`max_time` must be a number, got str 'x'."),
+    ({"max_time": -1}, ValueError, "`max_time` must be a number > 0, got -1."),
+    ({"max_time": NAN}, ValueError, "`max_time` must be a finite number, got nan."),
+    ({"num_return_sequences": 0}, ValueError, "`num_return_sequences` must be an int >= 1, got 0."),
+    ({"num_return_sequences": -1}, ValueError, "`num_return_sequences` must be an int >= 1, got -1."),
+    ({"num_return_sequences": True}, TypeError, "`num_return_sequences` must be an int >= 1, got bool True."),
+    ({"pad_token_id": 1.0}, TypeError, "`pad_token_id` must be a token id (an int), got float 1.0."),
+    ({"pad_token_id": [1, 2]}, TypeError, "`pad_token_id` must be a token id (an int), got list [1, 2]."),
+    ({"min_new_tokens": -1}, ValueError, "`min_new_tokens` must be an int >= 0, got -1."),
+    ({"max_length": 0}, ValueError, "`max_length` must be an int >= 1, got 0."),
+    ({"stop_strings": 5}, TypeError, "`stop_strings` must be a string or a non-empty list of strings, got int 5."),
+    ({"stop_strings": ["ok", ""]}, TypeError, "`stop_strings[1]` must be a non-empty string, got str ''."),
+    ({"return_dict_in_generate": "yes"}, TypeError,
+     "`return_dict_in_generate` must be a bool (True or False), got str 'yes'."),
+    ({"output_attentions": "no"}, TypeError, "`output_attentions` must be a bool (True or False), got str 'no'."),
+    ({"progress": "yes"}, TypeError, "`progress` must be a bool (True or False), got str 'yes'."),
+    ({"fast": 1}, TypeError, "`fast` must be a bool (True or False), got int 1."),
+    ({"do_sample": "False"}, TypeError, "`do_sample` must be a bool (True or False), got str 'False'."),
+])
+def test_generate_checks_options_before_the_model_runs(options, kind, text):
+    model = Counting()
+    with pytest.raises(kind) as error:
+        generate(model, torch.tensor([[1, 2]]), **{"max_new_tokens": 3, **options})
+    assert str(error.value) == text
+    assert model.calls == 0
+
+
+def test_generate_keeps_refusing_beams():
+    model = Counting()
+    with pytest.raises(ValueError, match=re.escape("generate() does greedy decoding and sampling")):
+        generate(model, torch.tensor([[1, 2]]), max_new_tokens=3, num_beams=2)
+    assert model.calls == 0
+
+
+# ---- token ids outside the vocabulary (item 12) ----
+
+@pytest.mark.parametrize("options, text", [
+    ({"suppress_tokens": [3, 100]}, "`suppress_tokens` holds token id 100"),
+    ({"eos_token_id": 100, "min_length": 5}, "`eos_token_id` holds token id 100"),
+    ({"bad_words_ids": [[3, 12]]}, "`bad_words_ids` holds token id 12"),
+    ({"sequence_bias": {(11,): 1.0}}, "`sequence_bias` holds token id 11"),
+    ({"forced_bos_token_id": 10}, "`forced_bos_token_id` is token id 10"),
+    ({"forced_eos_token_id": [1, 10], "max_length": 3}, "`forced_eos_token_id` holds token id 10"),
+    ({"begin_suppress_tokens": [99], "prompt_length": 1}, "`begin_suppress_tokens` holds token id 99"),
+])
+def test_token_ids_outside_the_vocabulary(options, text):
+    with pytest.raises(ValueError) as error:
+        sample_step(torch.randn(2, 10), **options)
+    assert str(error.value) == f"{text}, outside the vocabulary of 10 tokens (ids must be in [0, 10))."
+
+
+def test_token_ids_checked_against_the_trimmed_vocabulary_in_generate():
+    model = Counting(vocab=12)
+    with pytest.raises(ValueError) as error:
+        generate(model, torch.tensor([[1, 2]]), max_new_tokens=3, vocab_size=10, eos_token_id=11)
+    assert str(error.value) == (
+        "generate(): at step 0: `eos_token_id` holds token id 11, outside the vocabulary of 10 tokens "
+        "(ids must be in [0, 10))."
+    )
+    assert model.calls == 1  # the vocabulary is known once the model has answered
+
+
+# ---- layout helpers (item 13) ----
+
+def test_from_rows_refuses_a_batch_shape_that_does_not_fit():
+    from hfbridge import from_rows
+
+    with pytest.raises(ValueError) as error:
+        from_rows(torch.arange(6), (2, 2))
+    assert str(error.value) == (
+        "`values` must have one row per element of batch_shape (2, 2): expected 4 rows, got 6 rows (shape (6,))."
+    )
+    with pytest.raises(ValueError, match=re.escape("expected 1 row, got 2 rows (shape (2,))")):
+        from_rows(torch.arange(2), ())
+    with pytest.raises(ValueError, match=re.escape("expected 3 rows, got 6 rows")):
+        from_rows(torch.arange(6), (3,))
+
+
+def test_to_rows_on_a_list():
+    from hfbridge import to_rows
+
+    with pytest.raises(TypeError) as error:
+        to_rows([[1.0, 2.0]])
+    assert str(error.value) == (
+        "`logits` must be a tensor (any layout, e.g. [batch, seq, vocab]), got list; for a model output, take its "
+        "logits first (sample_step accepts outputs as they are)."
+    )
+
+
+# ---- a streamer failing on the prompt still ends (item 14) ----
+
+def test_streamer_failing_on_the_prompt_still_gets_end():
+    class Failing:
+        ended = 0
+
+        def put(self, value):
+            raise RuntimeError("display closed")
+
+        def end(self):
+            self.ended += 1
+
+    streamer = Failing()
+    with pytest.raises(RuntimeError, match="display closed"):
+        generate(bigram(), torch.tensor([[1, 2]]), max_new_tokens=3, streamer=streamer)
+    assert streamer.ended == 1
+
+
+# ---- meta logits; did-you-mean only for plausible misspellings (item 15) ----
+
+def test_meta_logits():
+    with pytest.raises(ValueError) as error:
+        sample_step(torch.zeros(2, 5, device="meta"))
+    assert str(error.value) == (
+        "`logits` of shape (2, 5) are on the meta device: they have a shape but no values, so there is nothing to "
+        "choose from. Run the model on a real device (load or materialize its weights first, e.g. "
+        "`model.to_empty(device=...)` then load the state dict)."
+    )
+
+
+def test_far_fetched_names_get_no_suggestion():
+    with pytest.raises(TypeError) as error:
+        generate(bigram(), torch.tensor([[1, 2]]), max_new_tokens=3, features=torch.ones(1, 3))
+    assert "Did you mean" not in str(error.value)
+    with pytest.raises(TypeError) as error:
+        sample_step(torch.randn(2, 10), features=3)
+    assert str(error.value) == "sample_step() got an unexpected option `features`."
+
+
+def test_plausible_misspellings_get_a_suggestion():
+    with pytest.raises(TypeError, match=re.escape("Did you mean `temperature`?")):
+        generate(bigram(), torch.tensor([[1, 2]]), max_new_tokens=3, temprature=0.7)
+    with pytest.raises(TypeError, match=re.escape("Did you mean `attention_mask`?")):
+        generate(bigram(), torch.tensor([[1, 2]]), max_new_tokens=3, attn_mask=torch.ones(1, 2))
+    with pytest.raises(TypeError) as error:
+        sample_step(torch.randn(2, 10), top_P=0.9)
+    assert str(error.value) == "sample_step() got an unexpected option `top_P`. Did you mean `top_p`?"

@@ -1,0 +1,254 @@
+"""Type and range checks for the options hfbridge reads itself, before HF or torch sees them.
+
+HF validates some options in its processors' constructors (`top_p` in [0, 1], a positive
+`temperature`), and hfbridge still runs those (`_processors._check_values`). What HF lets through
+is caught here: a string where a flag goes (`do_sample="False"` is truthy), a bool where a count
+goes (`top_k=True` is 1 to Python, a crash to torch), NaN (`top_p=nan` compares false with
+everything, so HF's range checks pass it), empty or ill-typed token-id lists (`eos_token_id=[]`).
+Each error names the option, what came and what was expected.
+
+>>> check_options({"top_k": 40, "do_sample": True})
+>>> check_options({"do_sample": "False"})
+Traceback (most recent call last):
+...
+TypeError: `do_sample` must be a bool (True or False), got str 'False'.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_options", "check_token_ids_in_vocab", "did_you_mean",
+           "token_id_options"]
+
+# Options read as flags: a bool or None.
+_FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_dict_in_generate", "output_scores",
+          "output_logits", "output_attentions", "output_hidden_states", "use_cache")
+
+# Options read as counts: an int (not a bool) >= the minimum; None leaves the range to HF's own check.
+_COUNTS = {"top_k": None, "no_repeat_ngram_size": None, "min_length": 0, "min_new_tokens": 0, "max_length": 1,
+           "max_new_tokens": 1, "num_return_sequences": 1, "num_beams": 1, "num_beam_groups": 1}
+
+# Options read as numbers: finite reals (not bools); the ranges are HF's (checked in `_processors`)
+# except where HF has none.
+_NUMBERS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
+            "repetition_penalty", "guidance_scale", "max_time")
+_POSITIVE = ("max_time",)  # HF stops at once for max_time <= 0 without a word
+
+# Options holding token ids, and their shape: one id, one id or a non-empty list, a list of ids.
+_ONE_ID = ("pad_token_id", "bos_token_id", "forced_bos_token_id")
+_ONE_OR_MORE_IDS = ("eos_token_id", "forced_eos_token_id")
+_ID_LISTS = ("suppress_tokens", "begin_suppress_tokens")
+
+
+# Options holding token ids (checked against the vocabulary at the first step).
+TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "sequence_bias")
+
+# Every option `check_options` knows (a prepared config is checked on these names).
+CHECKED_OPTIONS = (*_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
+                   "sequence_bias", "exponential_decay_length_penalty", "stop_strings")
+
+
+def check_flag(name: str, value: Any, *, optional: bool = True) -> None:
+    """`TypeError` unless `value` is a bool (or None when `optional`).
+
+    >>> check_flag("fast", "no")
+    Traceback (most recent call last):
+    ...
+    TypeError: `fast` must be a bool (True or False), got str 'no'.
+    """
+    if (value is None and optional) or isinstance(value, bool):
+        return
+    raise TypeError(f"`{name}` must be a bool (True or False), got {_got(value)}.")
+
+
+def check_count(name: str, value: Any, minimum: int | None) -> None:
+    """`TypeError` unless `value` is an int (not a bool), `ValueError` when it is below `minimum`."""
+    if not _is_int(value):
+        raise TypeError(f"`{name}` must be an int{'' if minimum is None else f' >= {minimum}'}, got {_got(value)}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """Check the type (and where HF does not, the range) of every known option in `options`.
+
+    None means "not set" and passes. Names not listed here pass unchecked (HF checks them, or
+    hfbridge does not read them).
+    """
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name in _FLAGS:
+            check_flag(name, value)
+        elif name in _COUNTS:
+            check_count(name, value, _COUNTS[name])
+        elif name in _NUMBERS:
+            _check_number(name, value, positive=name in _POSITIVE)
+        elif name in _ONE_ID:
+            _check_id(name, value)
+        elif name in _ONE_OR_MORE_IDS:
+            _check_ids(name, value, allow_single=True)
+        elif name in _ID_LISTS:
+            _check_ids(name, value, allow_single=False)
+        elif name == "bad_words_ids":
+            _check_id_sequences(name, value)
+        elif name == "sequence_bias":
+            _check_sequence_bias(value)
+        elif name == "exponential_decay_length_penalty":
+            _check_decay(value)
+        elif name == "stop_strings":
+            _check_stop_strings(value)
+
+
+def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """Every `(option, token id)` pair in `options`, for the vocabulary check at the first step.
+
+    >>> token_id_options({"eos_token_id": [2, 3], "bad_words_ids": [[4, 5]], "top_k": 5})
+    [('eos_token_id', 2), ('eos_token_id', 3), ('bad_words_ids', 4), ('bad_words_ids', 5)]
+    """
+    pairs: list[tuple[str, int]] = []
+    for name in TOKEN_ID_OPTIONS:
+        value = options.get(name)
+        if value is None:
+            continue
+        if name == "sequence_bias":
+            items = value.items() if isinstance(value, Mapping) else value
+            pairs += [(name, int(token)) for sequence, _ in items for token in sequence]
+        elif name == "bad_words_ids":
+            pairs += [(name, int(token)) for sequence in value for token in sequence]
+        elif _is_int(value):
+            pairs.append((name, int(value)))
+        else:
+            pairs += [(name, int(token)) for token in _as_list(value)]
+    return pairs
+
+
+def check_token_ids_in_vocab(options: Mapping[str, Any], vocab: int) -> None:
+    """`ValueError` for a token id in `options` outside `[0, vocab)`.
+
+    HF ignores such ids silently in some processors (`suppress_tokens`, `min_length`'s eos) and
+    fails inside torch in others (`forced_bos_token_id`); an id the model cannot produce is always
+    a mistake (another tokenizer, or `vocab_size` too small), so hfbridge names it.
+
+    >>> check_token_ids_in_vocab({"suppress_tokens": [3, 100]}, 10)
+    Traceback (most recent call last):
+    ...
+    ValueError: `suppress_tokens` holds token id 100, outside the vocabulary of 10 tokens (ids must be in [0, 10)).
+    """
+    for name, token in token_id_options(options):
+        if not 0 <= token < vocab:
+            verb = "is" if name in _ONE_ID else "holds"
+            raise ValueError(
+                f"`{name}` {verb} token id {token}, outside the vocabulary of {vocab} tokens (ids must be in [0, {vocab}))."
+            )
+
+
+# difflib's default (0.6) offers `temperature` for `features` and `eos_token_id` for
+# `position_ids`; at 0.75 only plausible misspellings remain (`temprature`, `attn_mask`, `top_P`).
+_SUGGESTION_CUTOFF = 0.75
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """` Did you mean `x`?` for a plausible misspelling of one of `candidates`, else an empty string.
+
+    >>> did_you_mean("temprature", ["temperature", "top_p"]), did_you_mean("features", ["temperature"])
+    (' Did you mean `temperature`?', '')
+    """
+    by_lower = {candidate.lower(): candidate for candidate in candidates}
+    close = difflib.get_close_matches(name.lower(), sorted(by_lower), n=1, cutoff=_SUGGESTION_CUTOFF)
+    return f" Did you mean `{by_lower[close[0]]}`?" if close else ""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _check_number(name: str, value: Any, *, positive: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a number, got {_got(value)}.")
+    if not math.isfinite(value):
+        raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+    if positive and value <= 0:
+        raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
+
+
+def _check_id(name: str, value: Any) -> None:
+    if not _is_int(value):
+        raise TypeError(f"`{name}` must be a token id (an int), got {_got(value)}.")
+    if value < 0:
+        raise ValueError(f"`{name}` must be a token id >= 0, got {value!r}.")
+
+
+def _as_list(value: Any) -> list:
+    if hasattr(value, "tolist") and not isinstance(value, (list, tuple)):
+        value = value.tolist()  # a tensor of ids, as HF's own configs sometimes hold
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _check_ids(name: str, value: Any, *, allow_single: bool) -> None:
+    if allow_single and _is_int(value):
+        return _check_id(name, value)
+    if not isinstance(value, (list, tuple)) and not hasattr(value, "tolist"):
+        expected = "a token id or a non-empty list of them" if allow_single else "a list of token ids"
+        raise TypeError(f"`{name}` must be {expected}, got {_got(value)}.")
+    items = _as_list(value)
+    if allow_single and not items:
+        raise ValueError(f"`{name}` is an empty list; pass at least one token id, or None for no {name}.")
+    for index, item in enumerate(items):
+        _check_id(f"{name}[{index}]", item)
+    return None
+
+
+def _check_id_sequences(name: str, value: Any) -> None:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise TypeError(f"`{name}` must be a non-empty list of lists of token ids, got {_got(value)}.")
+    for index, sequence in enumerate(value):
+        if not isinstance(sequence, (list, tuple)) or not sequence:
+            raise TypeError(f"`{name}[{index}]` must be a non-empty list of token ids, got {_got(sequence)}.")
+        for position, item in enumerate(sequence):
+            _check_id(f"{name}[{index}][{position}]", item)
+
+
+def _check_sequence_bias(value: Any) -> None:
+    # HF validates the structure (dict of tuples -> floats, or list of [list, float] pairs); NaN or
+    # inf biases pass it and turn scores into NaN.
+    items = value.items() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else None
+    if items is None:
+        raise TypeError(f"`sequence_bias` must be a dict {{(token ids): bias}}, got {_got(value)}.")
+    for entry in items:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise TypeError(f"`sequence_bias` entries must be (token ids, bias) pairs, got {_got(entry)}.")
+        sequence, bias = entry
+        if not isinstance(sequence, (list, tuple)) or not sequence:
+            raise TypeError(f"`sequence_bias` keys must be non-empty tuples of token ids, got {_got(sequence)}.")
+        for item in sequence:
+            _check_id("sequence_bias", item)
+        _check_number(f"sequence_bias[{tuple(sequence)}]", bias, positive=False)
+
+
+def _check_decay(value: Any) -> None:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise TypeError(
+            f"`exponential_decay_length_penalty` must be a (start_index, decay_factor) pair, got {_got(value)}."
+        )
+    check_count("exponential_decay_length_penalty[0] (start_index)", value[0], 0)
+    _check_number("exponential_decay_length_penalty[1] (decay_factor)", value[1], positive=True)
+
+
+def _check_stop_strings(value: Any) -> None:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise TypeError(f"`stop_strings` must be a string or a non-empty list of strings, got {_got(value)}.")
+    for index, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {_got(item)}.")
