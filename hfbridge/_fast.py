@@ -69,6 +69,7 @@ from transformers import (
 )
 
 from ._draw import draw, draw_checked, pick
+from ._processor_list import check_processor_output
 from ._top_p import top_candidates, top_p_count, top_p_mask
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
@@ -227,7 +228,7 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
     if candidates is None:
         candidates = scores.device.type == "cpu" and not torch.compiler.is_compiling()
     state = _State(scores)
-    for processor in processors:
+    for index, processor in enumerate(processors):
         kind = type(processor)
         if kind is TemperatureLogitsWarper:
             # Deferred: a top-k right after it only needs the division at its candidates.
@@ -246,7 +247,9 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
                 keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
             state.filtered(processor.filter_value, keep=keep, probs=probs)
         else:
-            state.scores = processor(input_ids, state.materialize())
+            scores = state.materialize()
+            # a processor run here gets the check CheckedProcessorList gives it in exact mode
+            state.scores = check_processor_output(processor, scores, processor(input_ids, scores), index=index)
             state.probs = None
     return state
 

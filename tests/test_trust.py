@@ -409,3 +409,14 @@ def test_plausible_misspellings_get_a_suggestion():
     with pytest.raises(TypeError) as error:
         sample_step(torch.randn(2, 10), top_P=0.9)
     assert str(error.value) == "sample_step() got an unexpected option `top_P`. Did you mean `top_p`?"
+
+
+def test_fast_path_checks_the_processors_it_calls():
+    def narrower(input_ids, scores):
+        return scores[:, :5]
+
+    with pytest.raises(ValueError) as error:
+        sample_step(torch.zeros(2, 10), processors=[narrower], temperature=0.7, fast=True)
+    assert str(error.value) == (
+        "logits processor 0 (narrower) returned scores of shape (2, 5), expected (2, 10) like its input (rows, vocab)."
+    )
