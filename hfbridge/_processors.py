@@ -106,6 +106,11 @@ def make_generation_config(
         raise TypeError(f"`prompt_length` must be an int (the prompt's length in tokens), got "
                         f"{type(prompt_length).__name__} {prompt_length!r}.")
     check_options(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
+    if generation_config is not None:
+        try:
+            check_options({name: getattr(generation_config, name, None) for name in CHECKED_OPTIONS})
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{str(error).rstrip('.')} (in `generation_config`).") from None
     sample = resolve_do_sample(do_sample, generation_config, options)
     if generation_config is None or generation_config.do_sample != sample:
         options = {**options, "do_sample": sample}
@@ -114,11 +119,6 @@ def make_generation_config(
     if unused:  # pragma: no cover - names were checked above
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
-    if generation_config is not None:
-        try:
-            check_options({name: getattr(config, name, None) for name in CHECKED_OPTIONS})
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"{str(error).rstrip('.')} (in `generation_config`).") from None
     _check_values(config)
     _refuse_model_bound_options(config, caller)
     if accepted is None:

@@ -228,6 +228,11 @@ def test_options_inside_a_generation_config_are_checked():
     with pytest.raises(ValueError) as error:
         sample_step(torch.randn(2, 10), generation_config=GenerationConfig(do_sample=True, top_p=NAN))
     assert str(error.value) == "`top_p` must be a finite number, got nan (in `generation_config`)."
+    model = Counting()
+    with pytest.raises(TypeError) as error:
+        generate(model, torch.tensor([[1, 2]]), generation_config=GenerationConfig(do_sample="yes", max_new_tokens=2))
+    assert str(error.value) == "`do_sample` must be a bool (True or False), got str 'yes' (in `generation_config`)."
+    assert model.calls == 0
 
 
 def test_hf_range_checks_still_run():
