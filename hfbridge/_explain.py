@@ -315,7 +315,7 @@ def explain_step(
 
     scores = rows.clone()
     stages = [_stage("input", {}, scores[row], top)]
-    outputs = []  # [N, V] per processor, for the fast path's replay below
+    outputs: list[torch.Tensor] = []  # [N, V] per processor, for the fast path's replay below
     for processor in processors:
         # Processors may edit their input in place; each recorded stage keeps its own copy.
         params = _processor_params(processor)  # before the call: settings, not state it builds

@@ -175,7 +175,8 @@ def _check_rows(values: torch.Tensor, batch_shape: tuple[int, ...]) -> None:
     if values.ndim == 0 or values.shape[0] != rows:
         got = "a 0-d tensor" if values.ndim == 0 else f"{values.shape[0]} rows (shape {tuple(values.shape)})"
         raise ValueError(
-            f"`values` must have one row per element of batch_shape {tuple(batch_shape)}: expected {rows} row{'s' if rows != 1 else ''}, got {got}."
+            f"`values` must have one row per element of batch_shape {tuple(batch_shape)}: expected {rows} "
+            f"row{'s' if rows != 1 else ''}, got {got}."
         )
 
 

@@ -22,8 +22,8 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_options", "check_token_ids_in_vocab", "did_you_mean",
-           "token_id_options"]
+__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_options", "check_token_ids_in_vocab",
+           "did_you_mean", "token_id_options"]
 
 # Options read as flags: a bool or None.
 _FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_dict_in_generate", "output_scores",
@@ -144,7 +144,8 @@ def check_token_ids_in_vocab(options: Mapping[str, Any], vocab: int) -> None:
         if not 0 <= token < vocab:
             verb = "is" if name in _ONE_ID else "holds"
             raise ValueError(
-                f"`{name}` {verb} token id {token}, outside the vocabulary of {vocab} tokens (ids must be in [0, {vocab}))."
+                f"`{name}` {verb} token id {token}, outside the vocabulary of {vocab} tokens "
+                f"(ids must be in [0, {vocab}))."
             )
 
 

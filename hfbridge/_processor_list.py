@@ -17,7 +17,8 @@ logits processor 0 (<lambda>) returned scores of shape (1, 2), expected (1, 3) l
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import LogitsProcessorList
@@ -89,14 +90,21 @@ def check_processor_output(processor: Callable, scores: torch.Tensor, output: An
             "(one that edits them in place still ends with `return scores`)."
         )
     if not isinstance(output, torch.Tensor):
-        raise ProcessorOutputTypeError(f"{who} returned {type(output).__name__}, expected the scores as a tensor of shape "
-                        f"{tuple(scores.shape)}.")
+        raise ProcessorOutputTypeError(
+            f"{who} returned {type(output).__name__}, expected the scores as a tensor of shape {tuple(scores.shape)}."
+        )
     if output.shape != scores.shape:
-        raise ProcessorOutputValueError(f"{who} returned scores of shape {tuple(output.shape)}, expected {tuple(scores.shape)} "
-                         "like its input (rows, vocab).")
+        raise ProcessorOutputValueError(
+            f"{who} returned scores of shape {tuple(output.shape)}, expected {tuple(scores.shape)} like its input "
+            "(rows, vocab)."
+        )
     if output.dtype != scores.dtype:
-        raise ProcessorOutputTypeError(f"{who} returned scores of dtype {output.dtype}, expected {scores.dtype} like its input.")
-    raise ProcessorOutputValueError(f"{who} returned scores on {output.device}, expected {scores.device} like its input.")
+        raise ProcessorOutputTypeError(
+            f"{who} returned scores of dtype {output.dtype}, expected {scores.dtype} like its input."
+        )
+    raise ProcessorOutputValueError(
+        f"{who} returned scores on {output.device}, expected {scores.device} like its input."
+    )
 
 
 def processor_name(processor: Any) -> str:

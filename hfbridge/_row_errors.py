@@ -5,8 +5,9 @@ function returns the exception (the caller raises it, adding the step in `genera
 only run once a row is known to be bad, so the host reads they make cost nothing per step.
 
 >>> raw = torch.tensor([[0.0, 1.0], [float("nan"), 0.0]])
->>> str(invalid_rows_error(raw, sampling=True))
-"`logits` contain NaN in row 1 (1 of 2 rows have NaN); check the model's forward pass (NaN comes from inf - inf, 0 * inf or 0 / 0 upstream)."
+>>> print(invalid_rows_error(raw, sampling=True))  # doctest: +NORMALIZE_WHITESPACE
+`logits` contain NaN in row 1 (1 of 2 rows have NaN); check the model's forward pass
+(NaN comes from inf - inf, 0 * inf or 0 / 0 upstream).
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from ._layout import Layout, LayoutLike, from_rows, rows_of
-from ._processors import make_generation_config, processors_for_config
 from ._option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
 from ._processor_list import processor_name
+from ._processors import make_generation_config, processors_for_config
 from ._row_errors import invalid_rows_error
 
 
@@ -390,10 +390,8 @@ class Sampler:
 
     def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
         """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""
-        if self.do_sample:
-            valid = best.abs() < float("inf")  # False for -inf (nothing left), +inf and NaN
-        else:
-            valid = best > float("-inf")  # False for -inf (nothing left) and for NaN
+        # Sampling: False for -inf (nothing left), +inf and NaN. Greedy: False for -inf and NaN.
+        valid = best.abs() < float("inf") if self.do_sample else best > float("-inf")
         if not bool(valid.all()):
             self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
 

@@ -170,7 +170,7 @@ def test_sampler_cache_is_thread_safe_and_bounded(monkeypatch):
             try:
                 barrier.wait()  # all threads reach the cache at about the same time
                 assert sample_step(x, temperature=0.5 + thread * 0.01 + tag * 1e-5, top_k=3).shape == (2,)
-            except BaseException as error:  # noqa: BLE001 - reported below
+            except BaseException as error:
                 errors.append(error)
 
         threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
