@@ -305,13 +305,6 @@ def test_generate_checks_options_before_the_model_runs(options, kind, text):
     assert model.calls == 0
 
 
-def test_generate_keeps_refusing_beams():
-    model = Counting()
-    with pytest.raises(ValueError, match=re.escape("generate() does greedy decoding and sampling")):
-        generate(model, torch.tensor([[1, 2]]), max_new_tokens=3, num_beams=2)
-    assert model.calls == 0
-
-
 # ---- token ids outside the vocabulary (item 12) ----
 
 @pytest.mark.parametrize("options, text", [
