@@ -8,20 +8,20 @@ the recorded choice is the token `sample_step` returns for the same options and 
 from __future__ import annotations
 
 import html
-import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import LogitsProcessorList
 
+from ._display import processor_name as _processor_name
+from ._display import processor_params as _processor_params
 from ._html import FONT_STYLE, page
 from ._processor_list import check_processor_output
 from ._step import Sampler
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
 
-_MAX_LIST_PARAM = 8  # longer lists or tensors (vocabulary-sized masks) are not shown as parameters
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,8 @@ class StepTrace:
         except ImportError as error:
             raise ImportError(
                 "StepTrace.plot() needs matplotlib, which is not installed; "
-                "install it with `pip install hfbridge[notebooks]` (or `pip install matplotlib`)."
+                "install it with `pip install matplotlib` "
+                "(or, in a clone of hfbridge, `pip install -e \".[notebooks]\"`)."
             ) from error
         count = min(top if top is not None else len(self.stages[0].top_ids), 10)
         if count < 1:
@@ -379,48 +380,6 @@ def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) ->
         possible=possible,
         entropy=float(torch.special.entr(probs).sum()),
     )
-
-
-def _processor_name(processor: Any) -> str:
-    """HF's class name (``TopPLogitsWarper``); other processors get their package in front."""
-    cls = type(processor)
-    package = cls.__module__.split(".")[0]
-    return cls.__name__ if package in ("transformers", "__main__", "builtins") else f"{package}.{cls.__name__}"
-
-
-def _processor_params(processor: Any) -> dict[str, Any]:
-    """The processor's settings: attributes named like its constructor's parameters, if readable.
-
-    HF's processors store their arguments under the same names (``top_p``, ``penalty``), so this
-    shows what the processor was built with, and not the state a stateful one keeps (a grammar
-    matcher's internals). Only numbers, flags, strings and short lists of them are kept.
-    """
-    try:
-        accepted = set(inspect.signature(type(processor).__init__).parameters) - {"self"}
-    except (TypeError, ValueError):
-        accepted = set()
-    params: dict[str, Any] = {}
-    for name, value in vars(processor).items():
-        if name not in accepted or name == "filter_value" or value is None:
-            continue
-        if isinstance(value, torch.Tensor):
-            if value.numel() > _MAX_LIST_PARAM or (value.is_floating_point() and value.dim() > 0):
-                continue
-            value = value.item() if value.dim() == 0 else value.tolist()
-        elif isinstance(value, (list, tuple)):
-            if not value or len(value) > _MAX_LIST_PARAM or not all(_is_plain(v) for v in value):
-                continue
-            value = list(value)
-        elif not _is_plain(value):
-            continue
-        params[name] = value
-    return params
-
-
-def _is_plain(value: Any) -> bool:
-    if isinstance(value, (list, tuple)):
-        return len(value) <= _MAX_LIST_PARAM and all(isinstance(v, (bool, int, float, str)) for v in value)
-    return isinstance(value, (bool, int, float, str))
 
 
 def _format_value(value: Any) -> str:

@@ -564,7 +564,10 @@ def _progress_bar(progress: bool, total: int) -> Any:
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("`progress=True` needs tqdm: pip install tqdm (or hfbridge[notebooks]).") from None
+        raise ImportError(
+            "`progress=True` needs tqdm, which is not installed; install it with `pip install tqdm` "
+            "(or, in a clone of hfbridge, `pip install -e \".[progress]\"`)."
+        ) from None
     return tqdm(total=total, desc="generate", unit="tok")
 
 

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList
 
+from ._display import processor_list_html, processor_list_repr
+
 __all__ = ["BadProcessorOutput", "CheckedProcessorList", "check_processor_output", "processor_name"]
 
 
@@ -56,6 +58,14 @@ class CheckedProcessorList(LogitsProcessorList):
             output = LogitsProcessorList.__call__([processor], input_ids, scores, **kwargs)  # type: ignore[arg-type]
             scores = check_processor_output(processor, scores, output, index=index)
         return scores
+
+    def __repr__(self) -> str:
+        """Each processor with its settings, one a line (HF's processors have no repr of their own)."""
+        return processor_list_repr(self, "LogitsProcessorList")
+
+    def _repr_html_(self) -> str:
+        """The same as a numbered list, for notebooks."""
+        return processor_list_html(self, "LogitsProcessorList")
 
 
 def check_processor_output(processor: Callable, scores: torch.Tensor, output: Any, *, index: int | None = None

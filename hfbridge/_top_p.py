@@ -18,7 +18,7 @@ Only exactly equal scores are left in an order HF does not specify; there the lo
 
 from __future__ import annotations
 
-import struct
+import math
 
 import torch
 
@@ -68,20 +68,46 @@ def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: float, at_least:
     return kept.clamp_(min=min(at_least, probs.shape[-1]))
 
 
+# float32: 24 significant bits; 2**-126, the smallest normal number, is 0.5 * 2**-125 in `math.frexp`.
+_F32_BITS = 24
+_F32_MIN_FREXP_EXP = -125
+_F32_MAX = math.ldexp(2**_F32_BITS - 1, 128 - _F32_BITS)
+
+
+def _f32_spacing_exp(x: float) -> int:
+    """log2 of the gap between float32 numbers at the non-negative finite `x` (2**-149 below 2**-126)."""
+    exponent = math.frexp(x)[1] if x else _F32_MIN_FREXP_EXP  # x = m * 2**exponent, 0.5 <= m < 1
+    return max(exponent, _F32_MIN_FREXP_EXP) - _F32_BITS
+
+
 def float32(x: float) -> float:
-    """`x` rounded to float32, as torch rounds a Python float compared with a float32 tensor."""
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+    """`x` rounded to float32 (to nearest, ties to even), as torch rounds a Python float compared
+    with a float32 tensor.
+
+    Plain float arithmetic rather than `struct`, so that `torch.compile(fullgraph=True)` traces it
+    on every supported torch (torch 2.6's dynamo cannot trace `struct.pack`).
+
+    >>> float32(0.1)
+    0.10000000149011612
+    """
+    if x == 0.0 or not math.isfinite(x):
+        return x
+    step = _f32_spacing_exp(abs(x))
+    rounded = math.ldexp(round(math.ldexp(abs(x), -step)), step)  # round(): ties to even
+    return math.copysign(rounded if rounded <= _F32_MAX else math.inf, x)
 
 
 def rounds_at_most(threshold: float) -> tuple[float, bool]:
     """`(cut, inclusive)`: a double rounds to a float32 `<= threshold` iff it is `< cut` (`<=` if inclusive).
 
     `threshold` is a non-negative float32; `cut` is the midpoint to the next float32 up, which rounds
-    down to `threshold` (ties to even) exactly when `threshold`'s last mantissa bit is 0.
+    down to `threshold` (ties to even) exactly when `threshold`'s last mantissa bit is 0, that is
+    when `threshold` is an even number of float32 gaps.
     """
-    bits = struct.unpack("<I", struct.pack("<f", threshold))[0]
-    above = struct.unpack("<f", struct.pack("<I", bits + 1))[0]
-    return (threshold + above) / 2, bits % 2 == 0
+    step = _f32_spacing_exp(threshold)
+    gaps = int(math.ldexp(threshold, -step))  # threshold = gaps * 2**step exactly
+    above = math.ldexp(gaps + 1, step)
+    return (threshold + above) / 2, gaps % 2 == 0
 
 
 def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,

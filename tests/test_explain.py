@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import pytest
@@ -198,7 +199,8 @@ def test_plot_into_given_axes():
 def test_plot_without_matplotlib_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    with pytest.raises(ImportError, match=r"pip install hfbridge\[notebooks\]"):
+    message = "install it with `pip install matplotlib` (or, in a clone of hfbridge, `pip install -e \".[notebooks]\"`)."
+    with pytest.raises(ImportError, match=re.escape(message)):
         explain_step(LOGITS).plot()
 
 

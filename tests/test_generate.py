@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import doctest
 import re
+import sys
 import threading
 import time
 import warnings
@@ -431,6 +432,14 @@ def test_fast_path_and_progress_bar(capsys):
     out = generate(Counting(), PROMPT, max_new_tokens=4, do_sample=True, top_p=0.9, fast=True, progress=True)
     assert out.shape == (2, 9)
     assert "generate" in capsys.readouterr().err
+
+
+def test_progress_bar_without_tqdm_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    message = "install it with `pip install tqdm` (or, in a clone of hfbridge, `pip install -e \".[progress]\"`)."
+    with pytest.raises(ImportError, match=re.escape(message)):
+        generate(Counting(), PROMPT, max_new_tokens=2, progress=True)
 
 
 def test_caller_tensors_are_never_modified():

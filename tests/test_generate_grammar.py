@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install 'hfbridge[grammar]')")
+xgr = pytest.importorskip("xgrammar", reason="xgrammar is not installed (pip install -e '.[grammar]' in a clone)")
 from xgrammar.contrib.hf import LogitsProcessor as GrammarProcessor  # noqa: E402
 
 from hfbridge import ReturnsCache, generate  # noqa: E402
