@@ -1,21 +1,27 @@
 """Per-step sampling time: the hand-written HF chain vs hfbridge exact vs hfbridge `fast=True`.
 
-    python benchmarks/step.py            # full table, CPU (and CUDA when present)
-    python benchmarks/step.py --quick    # two sizes, fewer repeats
-    python benchmarks/step.py --one-shot # time sample_step(...) itself (rebuilds processors per call)
+    python benchmarks/step.py             # the issue's targets (PASS/MISS), then the full table
+    python benchmarks/step.py --targets   # the targets only
+    python benchmarks/step.py --quick     # targets and two sizes, fewer repeats
+    python benchmarks/step.py --wall      # wall-clock time instead of this thread's CPU time
+    python benchmarks/step.py --one-shot  # time sample_step(...) itself (rebuilds processors per call)
 
-Each cell runs the three implementations round-robin on the same logits (so load on a shared
-machine hits them alike) and reports the median of the repeats. The HF chain is what users write
-today: `LogitsProcessorList` of HF's own processors, built once, then `softmax` +
-`torch.multinomial` (or `argmax` for greedy); hfbridge's side is a `Sampler` built once (what
-`generate` uses; `sample_step` is a one-shot `Sampler`). Logits are either flat (standard normal)
-or realistic: log-probability proportional to -1.1 * log(rank), randomly permuted per row, plus
-N(0, 0.1) noise.
+Method: one thread (`torch.set_num_threads(1)`), each call timed with `time.thread_time()` (CPU
+time of this thread: robust on a shared machine) unless `--wall`; within one cell the
+implementations run round-robin on the same logits and each number is the median of the repeats.
+The floor is one read of the logits (`logits.amax(-1)`), which any sampler pays.
+
+The HF chain is what users write today: `LogitsProcessorList` of HF's own processors, built once,
+then `softmax` + `torch.multinomial` (or `argmax` for greedy); hfbridge's side is a `Sampler` built
+once and called on the logits (what `generate` uses; `sample_step` is a one-shot `Sampler`).
+Logits are either flat (standard normal) or realistic: log-probability proportional to
+-1.1 * log(rank), randomly permuted per row, plus N(0, 0.1) noise.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import platform
 import statistics
 import sys
@@ -24,6 +30,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import (
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -35,6 +42,7 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from hfbridge import Sampler, sample_step
+from hfbridge._fast import fast_sample
 
 SIZES = [(1, 32000), (8, 50257), (32, 128256)]
 QUICK_SIZES = [(1, 32000), (32, 128256)]
@@ -55,6 +63,8 @@ CONFIGS = {
               dict(do_sample=True, temperature=0.7, min_p=0.05, top_k=0)),
 }
 
+CLOCK = time.thread_time
+
 
 def make_logits(kind: str, batch: int, vocab: int, generator: torch.Generator) -> torch.Tensor:
     """`(batch, vocab)` float32 logits, flat or Zipf-like."""
@@ -74,6 +84,11 @@ def hf_chain(processors: LogitsProcessorList, do_sample: bool, generator: torch.
     return step
 
 
+def floor(logits, input_ids):
+    """One read of the logits: the least any sampler pays."""
+    return logits.amax(dim=-1)
+
+
 def bridge(options: dict, generator: torch.Generator, fast: bool, one_shot: bool):
     if one_shot:  # sample_step: builds its processors on every call
         return lambda logits, input_ids: sample_step(logits, input_ids, generator=generator, fast=fast, **options)
@@ -88,21 +103,131 @@ def measure(steps: dict, logits, input_ids, repeats: int, sync) -> dict:
     sync()
     for _ in range(repeats):
         for name, step in steps.items():
-            start = time.perf_counter()
+            start = CLOCK()
             step(logits, input_ids)
             sync()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(CLOCK() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def run(device: str, sizes, repeats: int, configs, one_shot: bool) -> None:
+class _MallInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ["arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                      "fsmblks", "uordblks", "fordblks", "keepcost"]]
+
+
+def _heap_in_use() -> int | None:
+    """Bytes the C heap has handed out (glibc's `mallinfo2`: heap chunks plus mmapped blocks)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return None
+    return info.uordblks + info.hblkhd
+
+
+class _PeakMemory(TorchDispatchMode):
+    """The most C-heap memory in use after any op, above what was in use before the first op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base: int | None = None
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.base is None:
+            self.base = self.peak = _heap_in_use() or 0
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, _heap_in_use() or 0)
+        return out
+
+
+def peak_extra_memory(step, logits, input_ids) -> float | None:
+    """Peak memory a step allocates on CPU (tensors alive at once), in units of the logits' bytes."""
+    if logits.device.type != "cpu" or _heap_in_use() is None:
+        return None
+    step(logits, input_ids)  # warm-up: lazily built tables and caches are not the step's
+    with _PeakMemory() as meter:
+        step(logits, input_ids)
+    return (meter.peak - (meter.base or 0)) / (logits.numel() * logits.element_size())
+
+
+def targets(repeats: int, one_shot: bool) -> None:
+    """The issue's targets for the step, each with its ratio and PASS/MISS."""
+    generator = torch.Generator().manual_seed(0)
+    print(f"\n### targets (CPU: {describe('cpu')}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+          f"{'wall' if CLOCK is time.perf_counter else 'thread CPU'} time, median of {repeats})\n")
+    print("| target | HF chain ms | fast ms | floor (amax) ms | measured | PASS/MISS |")
+    print("|---|---:|---:|---:|---|---|")
+
+    def top_p_cell(kind, batch, vocab, temperature):
+        logits = make_logits(kind, batch, vocab, generator)
+        input_ids = torch.randint(0, vocab, (batch, PROMPT), generator=generator)
+        draw = torch.Generator().manual_seed(1)
+        options = dict(do_sample=True, temperature=temperature, top_p=0.9, top_k=0)
+        hf = hf_chain(LogitsProcessorList([TemperatureLogitsWarper(temperature), TopPLogitsWarper(0.9)]), True, draw)
+        fast = bridge(options, draw, fast=True, one_shot=one_shot)
+        t = measure({"hf": hf, "fast": fast, "floor": floor}, logits, input_ids, repeats, lambda: None)
+        return t, fast, logits, input_ids
+
+    def row(name, t, measured, ok):
+        print(f"| {name} | {t['hf'] * 1e3:.2f} | {t['fast'] * 1e3:.2f} | {t['floor'] * 1e3:.3f} | {measured} | "
+              f"{'PASS' if ok else 'MISS'} |", flush=True)
+
+    for temperature in (0.7, 0.8, 1.0):
+        t, *_ = top_p_cell("realistic", 32, 128256, temperature)
+        speedup = t["hf"] / t["fast"]
+        row(f"realistic top-p 0.9, T={temperature}, B=32, V=128256: HF / fast >= 20", t,
+            f"{speedup:.1f}x", speedup >= 20)
+        if temperature == 0.8:
+            over = t["fast"] / t["floor"]
+            row("realistic top-p 0.9, T=0.8, B=32, V=128256: fast / amax <= 30", t, f"{over:.1f}x", over <= 30)
+    t, *_ = top_p_cell("realistic", 1, 32000, 0.8)
+    row("realistic top-p 0.9, T=0.8, B=1, V=32000: HF / fast >= 6", t, f"{t['hf'] / t['fast']:.1f}x",
+        t["hf"] / t["fast"] >= 6)
+    t, fast, logits, input_ids = top_p_cell("flat", 32, 128256, 0.8)
+    row("flat top-p 0.9, T=0.8, B=32, V=128256: HF / fast >= 8", t, f"{t['hf'] / t['fast']:.1f}x",
+        t["hf"] / t["fast"] >= 8)
+    memory = peak_extra_memory(fast, logits, input_ids)
+    if memory is not None:
+        print(f"| flat top-p 0.9, T=0.8, B=32, V=128256: peak extra memory <= 3x the logits | - | - | - | "
+              f"{memory:.2f}x | {'PASS' if memory <= 3 else 'MISS'} |", flush=True)
+    compiled_vs_eager(repeats)
+
+
+def compiled_vs_eager(repeats: int) -> None:
+    """`torch.compile` of the fixed-shape path (what runs on accelerators) against eager CPU."""
+    generator = torch.Generator().manual_seed(2)
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.8), TopPLogitsWarper(0.9)])
+    for kind, batch, vocab in (("realistic", 32, 128256), ("realistic", 1, 32000)):
+        logits = make_logits(kind, batch, vocab, generator)
+
+        def eager(x, _ids):
+            return fast_sample(None, x.clone(), processors)
+
+        try:
+            step = torch.compile(lambda x: fast_sample(None, x.clone(), processors, candidates=False), dynamic=False)
+            step(logits)
+        except Exception as error:  # no compiler toolchain here
+            print(f"| torch.compile: unavailable ({type(error).__name__}) | - | - | - | - | - |")
+            return
+        t = measure({"eager": eager, "compiled": lambda x, _ids: step(x), "floor": floor}, logits, None,
+                    repeats, lambda: None)
+        ratio = t["compiled"] / t["eager"]
+        print(f"| compiled fixed-shape path, {kind} top-p 0.9, T=0.8, B={batch}, V={vocab}: compiled / eager <= 1 "
+              f"| - | {t['compiled'] * 1e3:.2f} (eager {t['eager'] * 1e3:.2f}) | {t['floor'] * 1e3:.3f} | "
+              f"{ratio:.2f}x | {'PASS' if ratio <= 1 else 'MISS'} |", flush=True)
+
+
+def table(device: str, sizes, repeats: int, configs, one_shot: bool) -> None:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(0)
     what = "sample_step (one-shot)" if one_shot else "a Sampler built once"
-    print(f"\n### {device}: {describe(device)}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"median of {repeats}; exact/fast = {what}\n")
-    print("| B | V | logits | config | HF chain ms | exact ms | fast ms | exact / HF | HF / fast |")
-    print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    print(f"\n### {device}: {describe(device)}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
+          f"{'wall' if CLOCK is time.perf_counter else 'thread CPU'} time, median of {repeats}; "
+          f"exact/fast = {what}\n")
+    print("| B | V | logits | config | HF chain ms | exact ms | fast ms | exact / HF | HF / fast | fast / amax |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for batch, vocab in sizes:
         input_ids = torch.randint(0, vocab, (batch, PROMPT), generator=generator).to(device)
         for kind in ("flat", "realistic"):
@@ -113,14 +238,16 @@ def run(device: str, sizes, repeats: int, configs, one_shot: bool) -> None:
                 steps = {
                     "hf": hf_chain(LogitsProcessorList(make()), options["do_sample"], draw),
                     "exact": bridge(options, draw, fast=False, one_shot=one_shot),
+                    "floor": floor,
                 }
                 if options["do_sample"]:
                     steps["fast"] = bridge(options, draw, fast=True, one_shot=one_shot)
                 t = measure(steps, logits, input_ids, repeats, sync)
                 fast = f"{t['fast'] * 1e3:.2f}" if "fast" in t else "-"
                 speedup = f"{t['hf'] / t['fast']:.1f}x" if "fast" in t else "-"
+                over = f"{t['fast'] / t['floor']:.0f}x" if "fast" in t else "-"
                 print(f"| {batch} | {vocab} | {kind} | {name} | {t['hf'] * 1e3:.2f} | {t['exact'] * 1e3:.2f} | "
-                      f"{fast} | {t['exact'] / t['hf']:.2f} | {speedup} |", flush=True)
+                      f"{fast} | {t['exact'] / t['hf']:.2f} | {speedup} | {over} |", flush=True)
 
 
 def describe(device: str) -> str:
@@ -136,23 +263,34 @@ def describe(device: str) -> str:
 
 
 def main() -> None:
+    global CLOCK
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two sizes, 3 repeats")
+    parser.add_argument("--targets", action="store_true", help="only the issue's targets")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per cell (default 7, quick 3)")
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="only these configs")
+    parser.add_argument("--wall", action="store_true", help="wall-clock time (default: this thread's CPU time)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--one-shot", action="store_true",
                         help="time sample_step(...) itself, which rebuilds its processors on every call "
                              "(default: a Sampler built once, as the HF chain's processors are)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    if args.wall:
+        CLOCK = time.perf_counter
     repeats = args.repeats or (3 if args.quick else 7)
+    targets(repeats, args.one_shot)
+    if args.targets:
+        return
     sizes = QUICK_SIZES if args.quick else SIZES
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     for device in devices:
         if device == "cuda" and not torch.cuda.is_available():
+            print("\nNo CUDA device here: no CUDA table.")
             continue
-        run(device, sizes, repeats, args.config or list(CONFIGS), args.one_shot)
+        table(device, sizes, repeats, args.config or list(CONFIGS), args.one_shot)
 
 
 if __name__ == "__main__":

@@ -70,12 +70,11 @@ from transformers import (
 
 from ._draw import draw, draw_checked, pick
 from ._processor_list import check_processor_output
-from ._top_p import top_candidates, top_p_count, top_p_mask
+from ._top_p import top_candidates, top_p_candidates, top_p_count, top_p_mask
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
 
 _NEG_INF = float("-inf")
-_CANDIDATES = (64, 512)  # top-p candidates tried on CPU before the radix select
 
 
 def fast_scores(input_ids: torch.Tensor | None, scores: torch.Tensor,
@@ -148,10 +147,14 @@ class FastDraw:
 
 
 def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: LogitsProcessorList,
-              generator: torch.Generator | None = None, *, candidates: bool | None = None) -> FastDraw:
+              generator: torch.Generator | None = None, *, candidates: bool | None = None,
+              memo: dict | None = None) -> FastDraw:
     """`fast_sample` that also says, without a host-device sync, which rows could be sampled.
 
-    Args: as `fast_sample`.
+    Args:
+        memo: A dict the caller keeps between steps (a `Sampler` does): the candidate counts that
+            sufficed last time, tried first next time (successive steps look alike). Default: none.
+        Others: as `fast_sample`.
 
     Returns:
         A `FastDraw`: `tokens`, the `valid` flag per row, and `final_scores()`.
@@ -161,7 +164,7 @@ def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: 
     >>> out.valid.tolist()
     [True, False]
     """
-    state = _run(input_ids, scores, processors, candidates)
+    state = _run(input_ids, scores, processors, candidates, memo)
     tokens, valid = state.sample(generator)
     return FastDraw(tokens, valid, state)
 
@@ -212,16 +215,20 @@ class _State:
         only `-inf` is all NaN, and the draw flags NaN weights."""
         if self.ids is not None and self.filter_value == _NEG_INF:
             assert self.cand is not None and self.cand_keep is not None  # set together with `ids`
-            # softmax, not exp: torch.exp on CPU can go through MKL's threaded VML, much slower here
-            weights = torch.softmax(self.cand.masked_fill(~self.cand_keep, _NEG_INF), dim=-1)  # [N, K]
+            # Unnormalised exp(cand - max): each weight is the same whatever the number of
+            # candidates, so the token does not depend on how many were tried (pick's running sum
+            # is sequential). NaN for a row whose best is NaN, +inf or -inf: flagged by `pick`.
+            weights = (self.cand - self.cand[:, :1]).exp_().masked_fill_(~self.cand_keep, 0.0)  # [N, K]
             index, valid = pick(weights, generator)
             return self.ids.gather(1, index[:, None]).squeeze(1), valid
         if self.keep is not None and self.probs is not None and self.filter_value == _NEG_INF:
-            return draw_checked(torch.where(self.keep, self.probs, 0.0), generator)
+            # in place: nothing reads `probs` after the draw (the error message uses `scores`)
+            return draw_checked(self.probs.masked_fill_(~self.keep, 0.0), generator)
         return draw_checked(torch.softmax(self.materialize(), dim=-1), generator)
 
 
-def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, candidates: bool | None) -> _State:
+def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, candidates: bool | None,
+         memo: dict | None = None) -> _State:
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or scores.dtype != torch.float32:
         got = f"{scores.dtype} of shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores)
         raise ValueError(f"`scores` must be a float32 tensor of shape (batch, vocab), got {got}.")
@@ -237,7 +244,7 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
         elif kind is TopKLogitsWarper:
             _top_k(state, processor, candidates)
         elif kind is TopPLogitsWarper:
-            _top_p(state, processor, candidates)
+            _top_p(state, processor, candidates, memo)
         elif kind is MinPLogitsWarper:
             probs = torch.softmax(state.materialize(), dim=-1)  # bit for bit HF's probs
             # HF's comparison, negated (not `>=`): a NaN row keeps its NaN, as in HF
@@ -277,7 +284,7 @@ def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None
     state.filtered(processor.filter_value, keep=(scores < kth).logical_not_())  # HF's test: NaN stays
 
 
-def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None:
+def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: dict | None) -> None:
     top_p, at_least = processor.top_p, processor.min_tokens_to_keep
     if state.ids is not None and state.filter_value == _NEG_INF:
         assert state.cand is not None and state.cand_keep is not None  # set together with `ids`
@@ -289,34 +296,12 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool) -> None
         state.filtered(processor.filter_value, ids=state.ids, cand=state.cand, cand_keep=keep)
         return
     scores = state.materialize()
-    vocab = scores.shape[-1]
     probs = torch.softmax(scores, dim=-1)  # [N, V]
-    total = None
-    for k in _CANDIDATES if candidates else ():
-        if k > _CANDIDATES[0] and 8 * k > vocab:
-            break  # a second top-k this large costs about as much as the radix select
-        k = min(k, vocab)
-        if at_least >= k:
-            break
-        cand, ids = top_candidates(scores, k)  # [N, K]
-        picked = probs.gather(1, ids)  # [N, K]
-        rest = torch.zeros_like(picked[:, :1], dtype=torch.float64)  # [N, 1] mass of the other tokens
-        if k < vocab:
-            if total is None:
-                total = probs.sum(dim=-1, keepdim=True).double()  # 1 up to rounding
-            rest = (total - picked.double().sum(dim=-1, keepdim=True)).clamp_(min=0)
-        kept = top_p_count(picked, rest, top_p, at_least)
-        # Certain only if the last kept candidate is above every token that is not a candidate.
-        last = cand.gather(1, kept - 1)  # [N, 1]
-        if k == vocab or bool(((kept < k) & (last > cand[:, -1:])).all()):
-            keep = torch.arange(k, device=cand.device) < kept
+    if candidates:
+        found = top_p_candidates(scores, probs, top_p, at_least, memo)
+        if found is not None:
+            ids, cand, keep = found
             state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
             return
-        # A larger try can only succeed if its extra tokens, none above the k-th, could reach top_p.
-        reach = picked.double().sum(dim=-1) + (_CANDIDATES[-1] - k) * picked[:, -1].double()
-        if k == vocab or not bool((reach > top_p).all()):
-            break
     keep = top_p_mask(probs, top_p, at_least, scores=scores, branch=candidates)
     state.filtered(processor.filter_value, keep=keep, probs=probs)
-
-

@@ -162,6 +162,7 @@ class Sampler:
         self._processors = self._build(self._device)
         self.invalid_rows: torch.Tensor | None = None  # [N] bool, see `check_rows`
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
+        self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
 
     def _setup_generator(self, generator: torch.Generator | None) -> None:
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -225,7 +226,7 @@ class Sampler:
         if self.fast and self.do_sample:
             from ._fast import fast_draw
 
-            result = fast_draw(input_ids, self._float_copy(rows), processors, self.generator)
+            result = fast_draw(input_ids, self._float_copy(rows), processors, self.generator, memo=self._fast_memo)
             self.invalid_rows = ~result.valid  # [N] bool, on the device: no sync
             self._last_fast = (result, rows)
             if check or (check is None and rows.device.type == "cpu"):

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
+from hfbridge import Sampler
 from hfbridge._fast import fast_scores
-from hfbridge._top_p import keep_highest
+from hfbridge._top_p import keep_highest, top_candidates
 
 NEG_INF = float("-inf")
 BOTH = pytest.mark.parametrize("candidates", [True, False], ids=["candidates", "fixed-shape"])
@@ -99,3 +100,37 @@ def test_surviving_set_equals_hfs_on_adversarial_rows(candidates, x, top_p, keep
 def test_min_p_surviving_set_on_adversarial_rows(candidates, x, min_p, keep):
     processors = LogitsProcessorList([hf.TemperatureLogitsWarper(0.9), hf.MinPLogitsWarper(min_p, keep)])
     assert_hfs_set(x, processors(None, x.clone()), fast_scores(None, x.clone(), processors, candidates=candidates))
+
+
+def test_block_candidates_are_torch_topk():
+    g = torch.Generator().manual_seed(3)
+    for vocab, k in ((32000, 64), (32000, 512), (50257, 64), (50257, 512), (128256, 512), (4099, 33)):
+        x = torch.randn(3, vocab, generator=g)
+        x[1, : vocab // 2] = NEG_INF  # many -inf: the padded last block must not stand in for them
+        x[2, -3:] = 50.0  # the best in the last, partial block
+        values, ids = top_candidates(x, k)
+        assert torch.equal(values, torch.topk(x, k).values)
+        assert torch.equal(x.gather(1, ids), values)
+        assert all(len(set(row.tolist())) == k for row in ids)
+    few = torch.full((2, 5000), NEG_INF)
+    few[:, :10] = torch.randn(2, 10, generator=g)  # fewer finite scores than k
+    values, ids = top_candidates(few, 64)
+    assert torch.equal(values, torch.topk(few, 64).values) and all(len(set(r.tolist())) == 64 for r in ids)
+
+
+def test_what_a_sampler_learns_between_steps_never_changes_its_tokens():
+    # The memo only skips candidate counts that would fail: a reused Sampler and fresh ones agree.
+    g = torch.Generator().manual_seed(4)
+    log_rank = torch.log(torch.arange(1, 20001, dtype=torch.float32))
+    steps = []
+    for temperature, flat in ((0.6, False), (1.0, False), (0.8, True), (0.5, False), (0.9, False), (0.7, False)):
+        x = torch.randn(3, 20000, generator=g) if flat else -1.1 * log_rank[torch.randperm(20000, generator=g)][None]
+        steps.append((temperature, x.expand(3, -1).contiguous() if not flat else x))
+    for temperature in (0.6, 1.0):
+        reused = Sampler(do_sample=True, temperature=temperature, top_p=0.9, top_k=0, fast=True,
+                         generator=torch.Generator())
+        for seed, (_, x) in enumerate(steps):
+            reused.generator.manual_seed(seed)
+            fresh = Sampler(do_sample=True, temperature=temperature, top_p=0.9, top_k=0, fast=True,
+                            generator=torch.Generator().manual_seed(seed))
+            assert torch.equal(reused(x), fresh(x))
