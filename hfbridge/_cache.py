@@ -2,20 +2,26 @@
 
 Beam search keeps `num_beams` rows per prompt and, after every step, continues each row from one
 of the rows of the step before: the model's cache must follow, row for row (`reorder_cache`).
-(Assisted and prompt-lookup decoding will add `crop_cache`: drop the last positions.)
+Assisted and prompt-lookup decoding feed several draft tokens at once and keep only the ones the
+model agrees with: the cache must forget the rejected positions (`crop_cache`).
 
 Handled here, without any help from the model:
-- HF `Cache` objects (`DynamicCache`, ...): their own `reorder_cache`, as HF's beam search calls it;
+- HF `Cache` objects (`DynamicCache`, ...): their own `reorder_cache` and `crop`, as HF's loops
+  call them (`crop` in the installed transformers' convention: a length in 4.x, minus the
+  number of positions to remove in 5.x);
 - nests of tuples / lists / dicts of tensors whose first axis is the batch (the legacy
-  `past_key_values` format, most home-grown caches): every tensor is indexed along its first axis;
+  `past_key_values` format, most home-grown caches): reordered along the first axis, cropped
+  along the second-to-last, the sequence axis of HF's `(batch, heads, seq, head_dim)` and of
+  nanoGPT-style `(batch, seq, dim)` caches;
 - `None` (nothing cached yet).
-Anything else needs the adapter's hook (`ReturnsCache(model, reorder_cache=...)`,
-`InputPos(model, reorder_cache=...)`, `Hooks(..., reorder_cache=...)` or an overridden
-`ModelAdapter.reorder_cache`).
+Anything else needs the adapter's hook (`ReturnsCache(model, reorder_cache=..., crop_cache=...)`,
+`InputPos(model, reorder_cache=...)`, `Hooks(..., reorder_state=..., crop_state=...)` or an
+overridden `ModelAdapter.reorder_cache` / `ModelAdapter.crop`).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,3 +95,80 @@ def _reorder_nest(value: Any, beam_idx: torch.Tensor, rows: int | None, path: st
 
 def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+def crop_cache(cache: Any, length: int, *, cached: int | None = None) -> Any:
+    """The cache with only its first `length` positions (HF caches are cropped in place).
+
+    Args:
+        cache: `None`, an HF `Cache`, a tensor `(..., seq, dim)`, or a tuple / list / dict of these.
+        length: How many positions to keep, `0 <= length`.
+        cached: How many positions the cache holds now, when the caller knows it. Every tensor is
+            then checked to have that many positions on its sequence axis (the second-to-last),
+            so that a cache laid out differently fails loudly instead of being cut on the wrong axis.
+
+    Returns:
+        The cropped cache, of the same structure (tensors are views of the originals).
+
+    Raises:
+        CacheTypeError: For a part that is neither of the above, or a tensor whose second-to-last
+            axis is not the sequence (by `cached`).
+
+    >>> import torch
+    >>> k, v = torch.zeros(2, 4, 7, 8), torch.zeros(2, 4, 7, 8)     # [B, H, T, D]
+    >>> [tuple(t.shape) for t in crop_cache(((k, v),), 5, cached=7)[0]]
+    [(2, 4, 5, 8), (2, 4, 5, 8)]
+    """
+    if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+        raise ValueError(f"`length` must be an int >= 0, got {length!r}.")
+    return _crop(cache, length, cached, "cache")
+
+
+def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
+    if item is None:
+        return None
+    if _is_hf_cache(item):
+        crop_hf_cache(item, length)
+        return item
+    if isinstance(item, torch.Tensor):
+        return _crop_tensor(item, length, cached, where)
+    if isinstance(item, dict):
+        return type(item)({key: _crop(value, length, cached, f"{where}[{key!r}]") for key, value in item.items()})
+    if isinstance(item, (tuple, list)):
+        cropped = [_crop(value, length, cached, f"{where}[{index}]") for index, value in enumerate(item)]
+        if isinstance(item, tuple) and hasattr(item, "_fields"):  # a named tuple
+            return type(item)(*cropped)
+        return type(item)(cropped)
+    raise CacheTypeError(
+        f"cannot drop positions from {where}, a {type(item).__name__}: hfbridge crops HF Cache objects, and "
+        "tensors (..., seq, dim) in tuples/lists/dicts. Give the adapter a crop hook (ReturnsCache(model, "
+        "crop_cache=...), Hooks(crop_state=...) or an overridden ModelAdapter.crop)."
+    )
+
+
+def _crop_tensor(tensor: torch.Tensor, length: int, cached: int | None, where: str) -> torch.Tensor:
+    if tensor.ndim < 3 or (cached is not None and tensor.shape[-2] != cached):
+        held = "" if cached is None else f", while the model has seen {cached} positions"
+        raise CacheTypeError(
+            f"cannot drop positions from {where}, a tensor of shape {tuple(tensor.shape)}: hfbridge takes the "
+            f"second-to-last axis of a cache tensor as the sequence (HF's (batch, heads, seq, head_dim), or "
+            f"(batch, seq, dim)){held}. Give the adapter a crop hook (ReturnsCache(model, crop_cache=...), "
+            "Hooks(crop_state=...) or an overridden ModelAdapter.crop)."
+        )
+    if tensor.shape[-2] <= length:
+        return tensor
+    return tensor[..., :length, :]
+
+
+def crop_hf_cache(cache: Any, length: int) -> None:
+    """Crop an HF `Cache` in place to `length` positions, whichever `crop` convention it has.
+
+    transformers 4.x's `crop(max_length)` takes the length to keep; 5.x's `crop(tokens_to_remove)`
+    takes minus the number of positions to drop (and trims sliding-window layers even for 0).
+    """
+    held = int(cache.get_seq_length())
+    parameters = inspect.signature(cache.crop).parameters
+    if "tokens_to_remove" in parameters:
+        cache.crop(-max(held - length, 0))
+    elif held > length:
+        cache.crop(length)

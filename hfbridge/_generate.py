@@ -30,11 +30,12 @@ from ._option_checks import check_flag, check_options, did_you_mean
 from ._processor_list import BadProcessorOutput
 from ._processors import callable_list, make_generation_config
 from ._step import Sampler, extract_logits
-from ._strategies import check_strategy, is_beam
+from ._strategies import check_strategy, is_assisted, is_beam
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
 _PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
-               "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn")
+               "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn",
+               "assistant_model")
 _HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
 
 
@@ -58,6 +59,7 @@ def generate(
     fast: bool = False,
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     return_dict_in_generate: Literal[False] = False,
     **kwargs: Any,
 ) -> torch.Tensor: ...
@@ -81,6 +83,7 @@ def generate(
     fast: bool = False,
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     return_dict_in_generate: Literal[True],
     **kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
@@ -104,6 +107,7 @@ def generate(
     fast: bool = False,
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     return_dict_in_generate: bool | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
@@ -126,6 +130,7 @@ def generate(
     fast: bool = False,
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput:
     """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
@@ -163,6 +168,13 @@ def generate(
         prefix_allowed_tokens_fn: HF's `prefix_allowed_tokens_fn(batch_id, input_ids) -> list[int]`,
             called at every step for every row with its tokens so far `(seq,)`; only the returned
             token ids stay possible (HF's `PrefixConstrainedLogitsProcessor`, where HF puts it).
+        assistant_model: A draft model for assisted (speculative) decoding, in any form `model`
+            takes; it must share the target's token ids. HF's `_assisted_decoding` then runs:
+            the draft proposes `num_assistant_tokens` tokens (options `num_assistant_tokens`,
+            `num_assistant_tokens_schedule`, `assistant_confidence_threshold`, which HF reads from
+            the assistant's generation config), the target checks them in one call. Greedy output is
+            the output without the assistant; sampling is HF's speculative sampling. One prompt.
+            `prompt_lookup_num_tokens=` drafts from the prompt instead, without a model.
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
@@ -203,19 +215,27 @@ def generate(
                          processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
                          tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator,
                          progress=progress, fast=fast, max_context=max_context,
-                         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, kwargs=kwargs)
+                         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
+                         kwargs=kwargs)
 
 
 def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
               stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
-              progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any,
+              progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any, assistant_model: Any,
               kwargs: dict[str, Any]) -> torch.Tensor | GenerateDecoderOnlyOutput:
     check_flag("progress", progress, optional=False)
     adapter = as_adapter(model, max_context=max_context)
     call = _prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                     processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
                     tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
-                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, kwargs=kwargs)
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
+                    kwargs=kwargs)
+    if is_assisted(call.config, assistant_model):  # HF's own assisted loop on the adapter (`_assisted.py`)
+        from ._assisted import generate_assisted
+
+        return generate_assisted(adapter, call, assistant_model=assistant_model, processors=processors,
+                                 streamer=streamer, layout=layout, vocab_size=vocab_size, generator=generator,
+                                 fast=fast, progress=progress)
     bar = _progress_bar(progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
     if is_beam(call.config):  # HF's own beam loop on the adapter (`_beam.py`)
         try:
@@ -265,7 +285,8 @@ class _Call:
 
 def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
              stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
-             fast: bool, kwargs: dict[str, Any], prefix_allowed_tokens_fn: Any = None) -> _Call:
+             fast: bool, kwargs: dict[str, Any], prefix_allowed_tokens_fn: Any = None,
+             assistant_model: Any = None) -> _Call:
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
     # 1. Arguments, and `**kwargs` split into generation options and model inputs.
     _check_input_ids(input_ids)
@@ -303,7 +324,7 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
     do_sample = options.pop("do_sample", None)
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", **options)
-    _check_config(config, tokenizer)
+    _check_config(config, tokenizer, assistant_model)
     if is_beam(config):
         check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
     host = ProcessorHost(device=device)
@@ -485,6 +506,11 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     for name in model_inputs:
         if name in _HF_NAMES:
             raise TypeError(f"generate() takes `{_HF_NAMES[name]}=` where HF's generate takes `{name}=`.")
+        if name == "assistant_tokenizer":
+            raise TypeError(
+                "generate() does not support `assistant_tokenizer` (HF's universal assisted decoding, a draft with "
+                "another tokenizer): the assistant must share the target's token ids."
+            )
     return options, model_inputs
 
 
@@ -524,12 +550,12 @@ _UNSUPPORTED = {
 }
 
 
-def _check_config(config: GenerationConfig, tokenizer: Any) -> None:
+def _check_config(config: GenerationConfig, tokenizer: Any, assistant_model: Any = None) -> None:
     for name, (is_set, why) in _UNSUPPORTED.items():
         value = getattr(config, name, None)
         if is_set(value):
             raise ValueError(f"generate() does not support `{name}`={value!r}: {why}.")
-    check_strategy(config)  # greedy, sampling, beams; the refused strategies say why
+    check_strategy(config, assistant_model)  # greedy, sampling, beams, assisted; the refused ones say why
     if config.stop_strings is not None and tokenizer is None:
         raise ValueError(
             f"`stop_strings`={config.stop_strings!r} needs `tokenizer=`: HF's StopStringCriteria matches the "

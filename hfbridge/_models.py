@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ._cache import crop_cache as _crop
 from ._cache import reorder_cache as _reorder
 
 # Keys the built-in adapters keep in the state for themselves.
@@ -174,6 +175,22 @@ class ModelAdapter:
     def check_reorder(self) -> None:
         """Raise `TypeError` before the first model call when beam search cannot follow this model's cache."""
 
+    def check_crop(self, state: dict[str, Any]) -> None:
+        """Raise `TypeError` when `crop` could not roll back this state (checked after the first call)."""
+
+    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        """The state once the model has forgotten every position from `length` on.
+
+        Assisted and prompt-lookup decoding feed several draft tokens at once and roll back the
+        rejected ones: the next `forward` must continue from `length` tokens. Override it in an
+        adapter of your own (return the state unchanged when the model recomputes everything).
+        """
+        raise TypeError(
+            f"{type(self).__name__} does not say how to drop positions from its model's cache, which assisted and "
+            "prompt-lookup decoding need; override crop(state, length) (return the state unchanged if the model "
+            "recomputes the whole sequence)."
+        )
+
     @staticmethod
     def model_inputs(state: dict[str, Any]) -> dict[str, Any]:
         """The extra model inputs in `state` (everything but the mask and the adapter's own keys)."""
@@ -223,6 +240,10 @@ class Recompute(ModelAdapter):
         if self.takes_mask:
             kwargs["attention_mask"] = mask
         return self.model(ids, **kwargs)
+
+    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        state[_FED] = min(state.get(_FED, 0), length)  # nothing to forget: every call recomputes
+        return state
 
 
 class InputPos(ModelAdapter):
@@ -288,6 +309,12 @@ class InputPos(ModelAdapter):
         input_pos = torch.arange(fed, input_ids.shape[1], device=input_ids.device)  # [S]
         return self.model(ids, input_pos, **self.model_inputs(state))
 
+    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        # The next call feeds from `length` with explicit positions; a gpt-fast cache writes them over
+        # the rejected entries, and its causal mask hides anything stored beyond the query positions.
+        state[_FED] = min(state[_FED], length)
+        return state
+
 
 class ReturnsCache(ModelAdapter):
     """A model that returns its cache and takes it back: `model(input_ids, cache) -> (logits, cache)`.
@@ -300,12 +327,16 @@ class ReturnsCache(ModelAdapter):
 
     Beam search reorders the cache's batch rows after every step: HF `Cache` objects and nests of
     tuples / lists / dicts of batch-first tensors automatically, any other cache through
-    `reorder_cache`.
+    `reorder_cache`. Assisted and prompt-lookup decoding drop rejected positions from the cache:
+    HF `Cache` objects and tensors `(..., seq, dim)` in such nests automatically, any other cache
+    through `crop_cache`.
 
     Args:
         model: `model(input_ids, cache, **model_inputs) -> (logits, cache)`.
         reorder_cache: `reorder_cache(cache, beam_idx) -> cache`, `beam_idx` `(rows,)`: the cache
             whose row `i` is row `beam_idx[i]` of `cache`. Default: `hfbridge`'s automatic one.
+        crop_cache: `crop_cache(cache, length) -> cache`: the cache holding only its first
+            `length` positions. Default: `hfbridge`'s automatic one (`hfbridge._cache.crop_cache`).
 
     >>> import torch
     >>> from hfbridge import ReturnsCache, generate
@@ -320,10 +351,12 @@ class ReturnsCache(ModelAdapter):
     """
 
     def __init__(self, model: Callable[..., Any], *,
-                 reorder_cache: Callable[[Any, torch.Tensor], Any] | None = None):
+                 reorder_cache: Callable[[Any, torch.Tensor], Any] | None = None,
+                 crop_cache: Callable[[Any, int], Any] | None = None):
         super().__init__(model)
         self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
         self.reorder_hook = _checked_hook(reorder_cache, "reorder_cache", "reorder_cache(cache, beam_idx) -> cache")
+        self.crop_hook = _checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
         reorder = self.reorder_hook if self.reorder_hook is not None else _reorder
@@ -358,6 +391,15 @@ class ReturnsCache(ModelAdapter):
     def cache(self, state: dict[str, Any]) -> Any:
         return state.get(_CACHE)
 
+    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        if length < state[_FED]:
+            if self.crop_hook is not None:
+                state[_CACHE] = self.crop_hook(state[_CACHE], length)
+            else:
+                state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
+            state[_FED] = length
+        return state
+
 
 class Hooks(ModelAdapter):
     """Any model, with HF-style hooks that build each call and carry the model's outputs forward.
@@ -380,6 +422,10 @@ class Hooks(ModelAdapter):
             row `i` of every per-row entry must become row `beam_idx[i]` (`beam_idx` `(rows,)`).
             Default: reorder `state["past_key_values"]` (HF's name for the cache) when present
             (an HF `Cache` or a nest of batch-first tensors).
+        crop_state: `(state, length) -> state`, for assisted and prompt-lookup decoding: forget
+            every position from `length` on (the rejected draft tokens); `prepare_inputs` then
+            feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` (an HF `Cache`
+            or tensors `(..., seq, dim)`, see `crop_cache`) when the state has one.
 
     >>> import torch
     >>> from hfbridge import Hooks, generate
@@ -397,7 +443,8 @@ class Hooks(ModelAdapter):
 
     def __init__(self, model: Callable[..., Any], prepare_inputs: Callable[..., Mapping[str, Any]],
                  update_state: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None, *,
-                 reorder_state: Callable[[dict[str, Any], torch.Tensor], dict[str, Any]] | None = None):
+                 reorder_state: Callable[[dict[str, Any], torch.Tensor], dict[str, Any]] | None = None,
+                 crop_state: Callable[[dict[str, Any], int], dict[str, Any]] | None = None):
         super().__init__(model)
         if not callable(prepare_inputs):
             raise TypeError(
@@ -412,6 +459,7 @@ class Hooks(ModelAdapter):
         self.prepare_inputs = prepare_inputs
         self.update_state = update_state
         self.reorder_state = _checked_hook(reorder_state, "reorder_state", "reorder_state(state, beam_idx) -> state")
+        self.crop_state = _checked_hook(crop_state, "crop_state", "crop_state(state, length) -> state")
         self.hook_signature = call_signature(prepare_inputs)
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
@@ -423,6 +471,23 @@ class Hooks(ModelAdapter):
         if state.get("past_key_values") is not None:
             state["past_key_values"] = _reorder(state["past_key_values"], beam_idx)
         return state
+
+    def check_crop(self, state: dict[str, Any]) -> None:
+        if self.crop_state is None and "past_key_values" not in state:
+            raise TypeError(
+                "assisted and prompt-lookup decoding roll back rejected draft tokens, but this Hooks state has no "
+                "`past_key_values` entry to crop; pass Hooks(..., crop_state=lambda state, length: ...) that makes "
+                "the model forget positions from `length` on (return the state unchanged if it recomputes)."
+            )
+
+    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        if self.crop_state is not None:
+            new_state = self.crop_state(state, length)
+            if not isinstance(new_state, dict):
+                raise AdapterTypeError(f"crop_state must return the state dict, got {_describe(new_state)}.")
+            return new_state
+        self.check_crop(state)
+        return {**state, "past_key_values": _crop(state["past_key_values"], length)}
 
     def check_inputs(self, names: list[str]) -> None:
         for name in names:

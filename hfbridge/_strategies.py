@@ -2,18 +2,21 @@
 
 HF's `GenerationConfig.get_generation_mode()` names the strategy. hfbridge runs greedy search and
 sampling in its own loop (`_generate.py`), beam search and beam sampling in HF's own loop
-(`_beam.py`). Group beam search, constrained beam search, DoLa and contrastive search are refused:
-transformers 5 moved them out of its core into `custom_generate` repositories on the Hub
+(`_beam.py`), assisted and prompt-lookup decoding in HF's own loop too (`_assisted.py`). Group
+beam search, constrained beam search, DoLa and contrastive search are refused: transformers 5 moved them out of its core into `custom_generate` repositories on the Hub
 (`transformers-community/...`, loaded with `trust_remote_code=True`; 4.x still ran them from its
 core), and DoLa and contrastive search also read hidden states that a plain callable does not return.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import GenerationConfig
 
 GREEDY_AND_SAMPLING = ("greedy_search", "sample")
 BEAM = ("beam_search", "beam_sample")
+ASSISTED = "assisted_generation"
 
 # mode -> (the options that select it, HF's Hub repository since transformers 5, what else stands in the way)
 MOVED_OUT_OF_HF_CORE = {
@@ -28,13 +31,13 @@ MOVED_OUT_OF_HF_CORE = {
 }
 
 
-def mode_of(config: GenerationConfig) -> str:
-    """The name of the strategy `config` selects (HF's `GenerationMode` value).
+def mode_of(config: GenerationConfig, assistant_model: Any = None) -> str:
+    """The name of the strategy `config` selects (HF's `GenerationMode` value), with a draft model or not.
 
-    >>> mode_of(GenerationConfig(num_beams=3))
-    'beam_search'
+    >>> mode_of(GenerationConfig(num_beams=3)), mode_of(GenerationConfig(prompt_lookup_num_tokens=3))
+    ('beam_search', 'assisted_generation')
     """
-    mode = config.get_generation_mode()
+    mode = config.get_generation_mode(assistant_model)
     return str(getattr(mode, "value", mode))
 
 
@@ -43,10 +46,21 @@ def is_beam(config: GenerationConfig) -> bool:
     return mode_of(config) in BEAM
 
 
-def check_strategy(config: GenerationConfig) -> None:
+def is_assisted(config: GenerationConfig, assistant_model: Any = None) -> bool:
+    """Whether `config` (and an assistant model) select assisted or prompt-lookup decoding."""
+    return mode_of(config, assistant_model) == ASSISTED
+
+
+def check_strategy(config: GenerationConfig, assistant_model: Any = None) -> None:
     """Raise `ValueError` for a strategy `generate` does not run, saying why and what to use instead."""
-    mode = mode_of(config)
-    if mode in GREEDY_AND_SAMPLING or mode in BEAM:
+    mode = mode_of(config, assistant_model)
+    drafted = assistant_model is not None or config.prompt_lookup_num_tokens is not None
+    if drafted and mode in BEAM:
+        raise ValueError(
+            f"`assistant_model` / `prompt_lookup_num_tokens` draft tokens for greedy search and sampling only; with "
+            f"num_beams={config.num_beams} HF would ignore them and run beam search. Pass one or the other."
+        )
+    if mode in GREEDY_AND_SAMPLING or mode in BEAM or mode == ASSISTED:
         return
     name = {"dola_generation": "DoLa decoding"}.get(mode, mode.replace("_", " "))
     if mode in MOVED_OUT_OF_HF_CORE:
