@@ -3,7 +3,8 @@
 HF's `GenerationConfig.get_generation_mode()` names the strategy. hfbridge runs greedy search and
 sampling in its own loop (`_generate.py`), beam search and beam sampling in HF's own loop
 (`_beam.py`), assisted and prompt-lookup decoding in HF's own loop too (`_assisted.py`). Group
-beam search, constrained beam search, DoLa and contrastive search are refused: transformers 5 moved them out of its core into `custom_generate` repositories on the Hub
+beam search, constrained beam search, DoLa and contrastive search are refused: transformers 5
+moved them out of its core into `custom_generate` repositories on the Hub
 (`transformers-community/...`, loaded with `trust_remote_code=True`; 4.x still ran them from its
 core), and DoLa and contrastive search also read hidden states that a plain callable does not return.
 """
