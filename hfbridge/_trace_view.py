@@ -13,13 +13,19 @@ _TEXT_COLOUR = "#1f2328"
 _MUTED = "#57606a"
 _PADDING_STYLE = (f"font-family:{MONO};font-size:11px;color:#6e7781;background:#f6f8fa;border:1px dashed #8c959f;"
                   "border-radius:3px;padding:0 4px;margin-left:2px;white-space:nowrap")
+_PADDING_BACKGROUND = "#e1e4e8"
 _CHIP_STYLE = f"font-family:{MONO};font-size:11px;border:1px solid #8c959f;border-radius:3px;padding:0 3px"
+
+
+def _headline(trace: GenerationTrace) -> str:
+    count = len(trace.generated)
+    where = f"row {trace.row} of {trace.rows}" + (" (beam search)" if trace.beams else "")
+    return f"{where}, {count} generated token{'s' if count != 1 else ''}"
 
 
 def _summary(trace: GenerationTrace) -> str:
     generated = trace.generated
-    where = f"row {trace.row} of {trace.rows}" + (" (beam search)" if trace.beams else "")
-    parts = [where, f"{len(generated)} generated token{'s' if len(generated) != 1 else ''}"]
+    parts = [_headline(trace)]
     padding = len(trace.steps) - len(generated)
     if padding:
         parts.append(f"{padding} padding after the row finished")
@@ -163,7 +169,8 @@ def _table(trace: GenerationTrace) -> str:
     body = []
     for step in trace.steps:
         row_style = f"color:{_MUTED};font-style:italic" if step.padding else ""
-        token = (f"<code style='font-family:{MONO};white-space:pre;background:{prob_colour(step.prob)};"
+        background = _PADDING_BACKGROUND if step.padding else prob_colour(step.prob)  # grey: no choice was made
+        token = (f"<code style='font-family:{MONO};white-space:pre;background:{background};"
                  f"color:{_TEXT_COLOUR};padding:0 2px;border-radius:2px'>{escape(trace.token_label(step.token))}</code>"
                  + (" <span style='font-size:11px'>padding</span>" if step.padding else ""))
         cells = [f"<td style='{number}'>{step.step}</td>", f"<td style='{cell}'>{token}</td>",
@@ -222,8 +229,9 @@ def plot(trace: GenerationTrace, axes: Any = None) -> Any:
         top, bottom = axes
         fig = top.figure
     x = list(range(len(steps)))
+    first_padding = next((step for step in steps if step.padding), None)
     probs = [step.prob for step in steps]
-    colours = ["#e1e4e8" if step.padding else prob_colour(step.prob) for step in steps]
+    colours = [_PADDING_BACKGROUND if step.padding else prob_colour(step.prob) for step in steps]
     top.bar(x, probs, color=colours, edgecolor="#57606a", linewidth=0.6, width=0.8,
             label="chosen token, after the processors")
     if trace.has_model:
@@ -242,7 +250,8 @@ def plot(trace: GenerationTrace, axes: Any = None) -> Any:
         ax.spines[["top", "right"]].set_visible(False)
         for step in steps:
             if step.padding:
-                ax.axvspan(step.step - 0.5, step.step + 0.5, color="#f0f0f0", zorder=0, linewidth=0)
+                label = "padding (row finished)" if ax is top and step is first_padding else None
+                ax.axvspan(step.step - 0.5, step.step + 0.5, color="#f0f0f0", zorder=0, linewidth=0, label=label)
     handles, labels = top.get_legend_handles_labels()
     top.legend(handles[::-1], labels[::-1], loc="lower left", fontsize=8, frameon=False, ncol=2,
                bbox_to_anchor=(0.0, 1.0))
@@ -253,7 +262,10 @@ def plot(trace: GenerationTrace, axes: Any = None) -> Any:
                                fontfamily="monospace")
     else:
         bottom.set_xlabel("step")
-    title = _summary(trace).removeprefix("explain_generation: ").split(", lowest")[0]
+    # Shorter than the summary (no padding count, no lowest p): the title must fit a narrow figure.
+    title = _headline(trace)
+    if trace.generated:
+        title += f", mean p {sum(step.prob for step in trace.generated) / len(trace.generated):.2f}"
     top.set_title(f"explain_generation: {title}", fontsize=10, loc="left", pad=22)
     if created:
         fig.tight_layout()

@@ -110,6 +110,10 @@ def test_padding_after_eos_is_marked():
     row = finished[0]
     trace = explain_generation(out, row=row, eos_token_id=5)
     assert "padding after the row finished" in trace._repr_html_() and "(padding: the row had finished)" in str(trace)
+    # In the table, a padding token is grey: no choice was made there (its probability says nothing).
+    rows = re.findall(r"<tr style='[^']*'>(.*?)</tr>", trace._repr_html_().split("<tbody>", 1)[1])
+    for row_html, step in zip(rows, trace.steps):
+        assert ("background:#e1e4e8" in row_html.split("</code>")[0]) == step.padding
     # Without knowing eos, nothing is called padding.
     assert not any(s.padding for s in explain_generation(out, row=row).steps)
 
@@ -317,3 +321,24 @@ def test_doctests(module):
 
     failures, tried = doctest.testmod(importlib.import_module(f"hfbridge.{module}"), optionflags=doctest.ELLIPSIS)
     assert failures == 0 and tried > 0
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_hfbridge_beam_search_output(do_sample):
+    hf = tiny_gpt2()
+    prompts = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    torch.manual_seed(2)
+    out = generate(recompute_callable(hf), prompts, num_beams=3, num_return_sequences=2, max_new_tokens=6,
+                   do_sample=do_sample, eos_token_id=7, pad_token_id=0, return_dict_in_generate=True,
+                   output_scores=True, output_logits=True)
+    expected = hfbridge.compute_transition_scores(out.sequences, out.scores, out.beam_indices, normalize_logits=True)
+    raw = hfbridge.compute_transition_scores(out.sequences, out.logits, out.beam_indices, normalize_logits=True)
+    for row in range(out.sequences.shape[0]):
+        trace = explain_generation(out, row=row)
+        assert trace.beams and trace.has_model
+        mask = [not s.padding for s in trace.steps]
+        assert mask == (out.beam_indices[row, : len(trace.steps)] >= 0).tolist()
+        got = torch.tensor([s.logprob if not s.padding else 0.0 for s in trace.steps])
+        torch.testing.assert_close(got, expected[row], rtol=1e-5, atol=1e-6)
+        model = torch.tensor([s.model_prob if not s.padding else 1.0 for s in trace.steps])
+        torch.testing.assert_close(model.log(), raw[row], rtol=1e-5, atol=1e-6)
