@@ -25,17 +25,18 @@ from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, Generat
 from ._beam import beam_search, check_beam_options
 from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
-from ._models import AdapterTypeError, ModelAdapter, as_adapter
+from ._lockstep import resolve as resolve_synced_gpus
+from ._loop import LoopOptions, check_every_option, decode, pads_finished
+from ._models import ModelAdapter, as_adapter
 from ._option_checks import check_flag, check_options, did_you_mean
-from ._processor_list import BadProcessorOutput
 from ._processors import callable_list, make_generation_config
-from ._step import Sampler, extract_logits
+from ._step import Sampler
 from ._strategies import check_strategy, is_assisted, is_beam
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
 _PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
                "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn",
-               "assistant_model")
+               "assistant_model", "check_every", "synced_gpus")
 _HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
 
 
@@ -131,6 +132,8 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput:
     """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
@@ -175,6 +178,17 @@ def generate(
             the assistant's generation config), the target checks them in one call. Greedy output is
             the output without the assistant; sampling is HF's speculative sampling. One prompt.
             `prompt_lookup_num_tokens=` drafts from the prompt instead, without a model.
+        check_every: Check for finished rows (eos, stopping criteria) every this many steps
+            instead of after every token. Each check reads one device value on the host (a sync
+            on a GPU); in between, finished rows get `pad_token_id` as usual, and the steps made
+            after the last row finished are cut off, so the tokens are the same for every value.
+            Costs up to `check_every - 1` extra model calls at the end (a `ReturnsCache` model's
+            returned cache then holds those positions too). With a streamer every step is checked.
+            Default: 1 (every step, as HF).
+        synced_gpus: Keep the ranks of `torch.distributed` in lockstep, as HF's `synced_gpus`
+            (needed under DeepSpeed ZeRO-3 or FSDP): a rank whose rows are finished keeps calling
+            its model until every rank is finished. Default None: HF's rule, on when ZeRO-3 is
+            enabled or the model is FSDP-managed and the process group has more than one rank.
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
@@ -216,15 +230,17 @@ def generate(
                          tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator,
                          progress=progress, fast=fast, max_context=max_context,
                          prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
-                         kwargs=kwargs)
+                         check_every=check_every, synced_gpus=synced_gpus, kwargs=kwargs)
 
 
 def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
               stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
               progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any, assistant_model: Any,
-              kwargs: dict[str, Any]) -> torch.Tensor | GenerateDecoderOnlyOutput:
+              check_every: Any, synced_gpus: Any, kwargs: dict[str, Any]) -> torch.Tensor | GenerateDecoderOnlyOutput:
     check_flag("progress", progress, optional=False)
     adapter = as_adapter(model, max_context=max_context)
+    loop = LoopOptions(check_every=check_every_option(check_every),
+                       synced=resolve_synced_gpus(synced_gpus, adapter.model))
     call = _prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
                     processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
                     tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
@@ -248,7 +264,7 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
     try:
         if streamer is not None:
             streamer.put(call.sequences.cpu())  # the prompt first, as HF
-        _decode(adapter, call, streamer, bar)
+        _decode(adapter, call, streamer, bar, loop)
     except BaseException:
         if streamer is not None:
             streamer.end()  # so that a TextIteratorStreamer's reader stops instead of waiting forever
@@ -358,7 +374,7 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
 
     # 4. This call's criteria and processors (fresh: stateful processors start clean).
     criteria = host.stopping_criteria(config, _criteria_list(stopping_criteria), tokenizer=tokenizer)
-    if _pads_finished_rows(criteria) and config._pad_token_tensor is None:
+    if pads_finished(criteria) and config._pad_token_tensor is None:
         raise ValueError(
             "a stopping criterion has an `eos_token_id`, so finished rows need a `pad_token_id`; pass "
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
@@ -375,87 +391,9 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
                  raw_logits=() if return_dict and config.output_logits else None)
 
 
-def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any) -> None:
-    """Step 5, the loop of HF's `_sample`: one model call and one token per row per step, in place on `call`."""
-    sampler, device = call.sampler, call.sequences.device
-    rows_expected = call.sequences.shape[0]
-    pad_token: Any = call.config._pad_token_tensor  # a tensor whenever finished rows are padded
-    pads_finished_rows = _pads_finished_rows(call.criteria)
-    use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
-    unfinished = torch.ones(rows_expected, dtype=torch.long, device=device)  # [N]
-    vocab = None
-    step = 0
-    while True:
-        call.state["attention_mask"] = call.mask
-        outputs = _call_model(adapter, call, step)
-        rows = _rows(sampler, adapter.logits(outputs), step, rows_expected, call.prompts, call.expand)  # [N, V]
-        rows = rows.to(device)  # HF moves the logits to the device of input_ids
-        if vocab is None:
-            vocab = rows.shape[1]
-            _at_step(step, lambda: sampler.input_rows(call.sequences, rows))  # prompt ids within the vocabulary
-        elif rows.shape[1] != vocab:
-            raise ValueError(
-                f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
-                f"but {vocab} at step 0; the vocabulary size must stay the same."
-            )
-        if call.raw_logits is not None:
-            call.raw_logits += (rows,)  # HF keeps the very tensor its processors receive
-        tokens = _choose(sampler, call, rows, step, use_fast)  # [N]
-        if pads_finished_rows:
-            # finished sentences get the padding token, as HF's `_sample`
-            tokens = tokens * unfinished + pad_token * (1 - unfinished)
-        call.sequences = torch.cat([call.sequences, tokens[:, None]], dim=-1)  # [N, T + 1]
-        call.mask = torch.cat([call.mask, call.mask.new_ones((rows_expected, 1))], dim=-1)
-        if streamer is not None:
-            streamer.put(tokens.cpu())
-        unfinished = unfinished & ~call.criteria(call.sequences, call.scores)
-        step += 1
-        if bar is not None:
-            bar.update(1)
-        if unfinished.max() == 0:
-            return
-
-
-def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
-    """The model call (and the adapter's state update); its exceptions get the step as a note."""
-    try:
-        outputs = adapter.forward(call.sequences, call.state)
-        call.state = adapter.update(outputs, call.sequences, call.state)
-    except AdapterTypeError as error:
-        raise TypeError(f"generate(): at step {step}: {error}") from None
-    except Exception as error:
-        length = call.sequences.shape[1]
-        _add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
-                         f"{length} tokens so far, {step} generated).")
-        raise
-    return outputs
-
-
-def _choose(sampler: Sampler, call: _Call, rows: torch.Tensor, step: int, use_fast: bool) -> torch.Tensor:
-    """Processors then token choice; a processor's own exception gets the step as a note."""
-    try:
-        if use_fast:
-            tokens = sampler.next_tokens(call.sequences, rows, check=False)  # reads rows, never modifies them
-        else:
-            scores = sampler.process(call.sequences, rows)  # [N, V]
-    except BadProcessorOutput as error:
-        kind = TypeError if isinstance(error, TypeError) else ValueError
-        raise kind(f"generate(): at step {step}: {error}") from None
-    except Exception as error:
-        _add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
-        raise
-    if use_fast:
-        # The fast path's validity flag, read here (a host read on an accelerator; see Sampler.check_rows)
-        _at_step(step, sampler.check_rows)
-        return tokens
-    if call.scores is not None:
-        call.scores += (scores,)
-    return _at_step(step, lambda: sampler.choose(scores, raw=rows))
-
-
-def _pads_finished_rows(criteria: StoppingCriteriaList) -> bool:
-    """HF's `has_eos_stopping_criteria`: finished rows get the pad token only when a criterion knows eos."""
-    return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
+def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, loop: LoopOptions) -> None:
+    """Step 5, the loop of HF's `_sample` (`_loop.py`), in place on `call`."""
+    decode(adapter, call, streamer, bar, loop)
 
 
 def _check_input_ids(input_ids: Any) -> None:
@@ -595,32 +533,3 @@ def _progress_bar(progress: bool, total: int) -> Any:
             "(or, in a clone of hfbridge, `pip install -e \".[progress]\"`)."
         ) from None
     return tqdm(total=total, desc="generate", unit="tok")
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:  # Python 3.10: keep the note where 3.11 would put it
-        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
-
-
-def _at_step(step: int, action: Callable[[], Any]) -> Any:
-    """Run `action`; a `ValueError`/`TypeError` of hfbridge's checks gets the step number in front."""
-    try:
-        return action()
-    except (ValueError, TypeError) as error:
-        kind = ValueError if isinstance(error, ValueError) else TypeError
-        raise kind(f"generate(): at step {step}: {error}") from None
-
-
-def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, expand: int) -> torch.Tensor:
-    logits = _at_step(step, lambda: extract_logits(output))
-    rows = _at_step(step, lambda: sampler.rows(logits))
-    if rows.shape[0] != expected:
-        layout = Layout.for_tensor(logits, sampler.layout).pattern
-        raise ValueError(
-            f"generate(): at step {step} the model returned logits of shape {tuple(logits.shape)} (layout "
-            f"{layout!r}), which give {rows.shape[0]} rows, expected {expected}: one per sequence "
-            f"({batch} prompts x num_return_sequences={expand})."
-        )
-    return rows

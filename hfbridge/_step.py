@@ -147,6 +147,7 @@ class Sampler:
             got = tuple(attention_mask.shape) if is_tensor else type(attention_mask).__name__
             raise ValueError(f"`attention_mask` must be a (batch, seq) tensor, got {got}.")
         self.layout = Layout(layout) if isinstance(layout, str) else layout
+        self._layouts: dict[int, Layout] = {}  # default layouts by number of axes
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
         self.fast = bool(fast)
@@ -202,11 +203,30 @@ class Sampler:
         logits = extract_logits(logits)
         self._check_generator(logits.device)
         _check_not_meta(logits)
-        layout = Layout.for_tensor(logits, self.layout)
+        layout = self.layout_of(logits)
         layout.check(logits)
         batch_shape = layout.batch_shape(logits)
         view = self._last_rows(logits, layout)  # [N, V], the caller's memory
         return view, self.input_rows(input_ids, view, batch_shape=batch_shape), batch_shape
+
+    def layout_of(self, logits: torch.Tensor) -> Layout:
+        """The sampler's layout, or the default one for `logits.ndim` (parsed once per sampler)."""
+        if isinstance(self.layout, Layout):
+            return self.layout
+        layout = self._layouts.get(logits.ndim)
+        if layout is None:
+            layout = Layout.for_tensor(logits, self.layout)
+            self._layouts[logits.ndim] = layout
+        return layout
+
+    def last_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """The last-position `(rows, vocab)` logits, padded vocabulary dropped: a view, no copy.
+
+        Raises `ValueError` for a layout that does not fit, or too few columns for `vocab_size`.
+        """
+        layout = self.layout_of(logits)
+        layout.check(logits)
+        return self._last_rows(logits, layout)
 
     def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, *,
                     check: bool | None = None) -> torch.Tensor:
@@ -273,14 +293,19 @@ class Sampler:
         """
         logits = extract_logits(logits)
         _check_not_meta(logits)
-        rows = self._float_copy(self._last_rows(logits, Layout.for_tensor(logits, self.layout)))
+        rows = self._float_copy(self.last_rows(logits))
         bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
         if bool(bad.any()):
             self._raise_bad_rows(bad, rows, rows)
         return rows
 
     def _last_rows(self, logits: torch.Tensor, layout: Layout) -> torch.Tensor:
-        rows = layout.to_rows(logits)  # [N, V_padded], a view where possible
+        if layout.axes == ("b", "t", "v"):
+            rows = logits[:, -1]  # [N, V_padded]: `to_rows` for the common layout, without einops' overhead
+        elif layout.axes == ("b", "v"):
+            rows = logits
+        else:
+            rows = layout.to_rows(logits)  # [N, V_padded], a view where possible
         columns = rows.shape[-1]
         if self.vocab_size is None:
             return rows
@@ -385,9 +410,15 @@ class Sampler:
             self._check_best(best, scores, raw)
             return tokens
         self._check_generator(scores.device)
-        self._check_best(scores.amax(dim=-1), scores, raw)
         probs = torch.nn.functional.softmax(scores, dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+        try:
+            # torch.multinomial reads its input to refuse NaN / inf / all-zero rows (a host read we
+            # cannot avoid); checking the rows before it would add a second one.
+            return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+        except RuntimeError as error:
+            failure = error
+        self._check_best(scores.amax(dim=-1), scores, raw)  # names the row
+        raise failure
 
     def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
         """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""

@@ -1,0 +1,239 @@
+"""Step 5 of `generate`: the decoding loop of HF's `_sample`, with at most one host read per step.
+
+Each step: call the model (its adapter) -> the last position's logits as `(rows, vocab)`, a view
+of the model's output -> processors and token choice on one float32 copy (none for plain greedy)
+-> finished rows get `pad_token_id` -> append -> stopping criteria. Nothing in a step reads a
+device value on the host, except `torch.multinomial`'s own check in exact sampling and a
+streamer's tokens: the validity of each row (NaN, nothing left to choose) and the finished rows
+are flags on the device that `FinishedRows` reads together, once every `check_every` steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import StoppingCriteriaList
+
+from ._finished import FinishedRows, InvalidRows
+from ._models import AdapterTypeError, ModelAdapter
+from ._processor_list import BadProcessorOutput
+from ._step import Sampler, extract_logits
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._generate import _Call
+
+_NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """How the loop checks for finished rows.
+
+    Attributes:
+        check_every: Read the finished and validity flags every this many steps (1: every step,
+            as HF). Rows that finish meanwhile get `pad_token_id` as they would anyway, and the
+            steps decoded after the last row finished are cut off: the tokens are the same for
+            every value; only up to `check_every - 1` extra model calls are made at the end.
+        synced: Keep this rank in lockstep with the other ranks of `torch.distributed`.
+    """
+
+    check_every: int = 1
+    synced: bool = False
+
+
+def check_every_option(value: Any) -> int:
+    """`check_every` checked: an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`check_every` must be an int >= 1 (steps between checks for finished rows), "
+                        f"got {type(value).__name__} {value!r}.")
+    if value < 1:
+        raise ValueError(f"`check_every` must be >= 1 (1 checks after every token, as HF), got {value}.")
+    return value
+
+
+def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options: LoopOptions) -> None:
+    """The loop of HF's `_sample`: one model call and one token per row per step, in place on `call`."""
+    sampler, device = call.sampler, call.sequences.device
+    rows_expected = call.sequences.shape[0]
+    pad_token = call.config._pad_token_tensor
+    pads_finished_rows = pads_finished(call.criteria)
+    use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
+    finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
+                            synced=options.synced)
+    explain_now = options.check_every == 1  # the step's logits are still at hand when its flags are read
+    new_column = call.mask.new_ones((rows_expected, 1))  # [N, 1]
+    vocab = None
+    step = 0
+    while True:
+        call.state["attention_mask"] = call.mask
+        outputs = _call_model(adapter, call, step)
+        if finished.rank_done:
+            # synced_gpus: this rank is finished but another is not. Its model was called (the
+            # collectives inside need every rank); feed the last token again next time, as HF does.
+            del outputs
+            call.sequences = torch.cat([call.sequences, call.sequences[:, -1:]], dim=-1)
+            call.mask = torch.cat([call.mask, new_column], dim=-1)
+            if finished.read():
+                break
+            continue
+        view = _rows(sampler, adapter.logits(outputs), step, rows_expected, call.prompts, call.expand)  # [N, V]
+        if view.device != device:
+            view = view.to(device)  # HF moves the logits to the device of input_ids
+        if vocab is None:
+            vocab = view.shape[1]
+            at_step(step, lambda: sampler.input_rows(call.sequences, view))  # prompt ids within the vocabulary
+        elif view.shape[1] != vocab:
+            raise ValueError(
+                f"generate(): at step {step} the model returned logits with {view.shape[1]} vocabulary columns, "
+                f"but {vocab} at step 0; the vocabulary size must stay the same."
+            )
+        tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
+        del outputs, view
+        if pads_finished_rows:
+            # finished sentences get the padding token, as HF's `_sample` (`where` gives the same ids)
+            assert pad_token is not None  # `_prepare` refuses an eos criterion without a pad token
+            tokens = torch.where(finished.unfinished, tokens, pad_token)
+        call.sequences = torch.cat([call.sequences, tokens[:, None]], dim=-1)  # [N, T + 1]
+        call.mask = torch.cat([call.mask, new_column], dim=-1)
+        if streamer is not None:
+            streamer.put(tokens.cpu())
+        if bar is not None:
+            bar.update(1)
+        try:
+            # a streamer has waited for the tokens anyway: check every step so that it never sees more
+            stop = finished.after_step(call.sequences, call.scores, step=step, force_read=streamer is not None)
+        except InvalidRows as bad:
+            raise _invalid_error(bad, sampler, rows_expected) from None
+        step += 1
+        if stop:
+            break
+    _cut(call, finished.finish_length)
+
+
+def pads_finished(criteria: StoppingCriteriaList) -> bool:
+    """HF's `has_eos_stopping_criteria`: finished rows get the pad token only when a criterion knows eos."""
+    return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
+
+
+def _cut(call: _Call, length: int | None) -> None:
+    """Drop the steps decoded after every row had finished (`check_every`, `synced_gpus`)."""
+    extra = call.sequences.shape[1] - length if length is not None else 0
+    if extra <= 0:
+        return
+    call.sequences = call.sequences[:, :length].contiguous()
+    call.mask = call.mask[:, :length]
+    if call.scores is not None:
+        call.scores = call.scores[: len(call.scores) - extra]
+    if call.raw_logits is not None:
+        call.raw_logits = call.raw_logits[: len(call.raw_logits) - extra]
+
+
+def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
+    """The model call (and the adapter's state update); its exceptions get the step as a note."""
+    try:
+        outputs = adapter.forward(call.sequences, call.state)
+        call.state = adapter.update(outputs, call.sequences, call.state)
+    except AdapterTypeError as error:
+        raise TypeError(f"generate(): at step {step}: {error}") from None
+    except Exception as error:
+        length = call.sequences.shape[1]
+        add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
+                        f"{length} tokens so far, {step} generated).")
+        raise
+    return outputs
+
+
+def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fast: bool,
+            finished: FinishedRows, explain_now: bool) -> torch.Tensor:
+    """Processors then token choice, without a host read; a processor's own exception gets the step as a note.
+
+    `view` is the model's last-position logits `(rows, vocab)`: read, never written. The validity
+    of each row goes to `finished`, which checks it at its next read.
+    """
+    def explain(bad: Callable[[], torch.Tensor], scores: torch.Tensor) -> Callable[[], None] | None:
+        return (lambda: sampler._raise_bad_rows(bad(), view, scores)) if explain_now else None
+
+    try:
+        if use_fast:
+            if call.raw_logits is not None:
+                call.raw_logits += (_float_copy(view),)
+            # check=False: the fast path's `invalid_rows` flag joins this step's one host read
+            tokens = sampler.next_tokens(call.sequences, view, check=False)  # its own float32 copy
+            flag = sampler.invalid_rows  # [N] bool on the device
+            assert flag is not None  # set by every fast next_tokens call
+            finished.note_invalid(step, flag, (lambda: sampler.check_rows(True)) if explain_now else None)
+            return tokens
+        if not sampler.processors and not sampler.do_sample and call.scores is None and call.raw_logits is None:
+            best, tokens = view.max(dim=-1)  # plain greedy: HF's argmax, without copying the logits
+            finished.note_invalid(step, best, explain(lambda: ~(best > _NEG_INF), view))
+            return tokens
+        scores = _float_copy(view)  # [N, V]: the processors may write into it
+        if call.raw_logits is not None:
+            call.raw_logits += (scores,)  # HF keeps the very tensor its processors receive
+        scores = sampler.process(call.sequences, scores)
+    except BadProcessorOutput as error:
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        raise kind(f"generate(): at step {step}: {error}") from None
+    except Exception as error:
+        add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
+        raise
+    if call.scores is not None:
+        call.scores += (scores,)
+    if sampler.do_sample:
+        return at_step(step, lambda: sampler.choose(scores, raw=view))  # torch.multinomial checks its input
+    best, tokens = scores.max(dim=-1)  # [N], [N]: the max is the validity check too
+    finished.note_invalid(step, best, explain(lambda: ~(best > _NEG_INF), scores))
+    return tokens
+
+
+def _float_copy(rows: torch.Tensor) -> torch.Tensor:
+    return rows.to(dtype=torch.float32, copy=True)
+
+
+def _invalid_error(bad: InvalidRows, sampler: Sampler, rows: int) -> ValueError:
+    """The error for a row with nothing to choose, naming the step and the row."""
+    if bad.explain is not None:
+        try:
+            bad.explain()
+        except ValueError as error:
+            return ValueError(f"generate(): at step {bad.step}: {error}")
+    what = "NaN" if bad.nan else "-inf for every token"
+    names = [type(p).__name__ for p in sampler.processors]
+    return ValueError(
+        f"generate(): at step {bad.step}: row {bad.row} has nothing left to choose ({bad.rows} of {rows} rows): "
+        f"its scores after the logits processors {names} are {what}. Check the model's forward pass for NaN "
+        "(overflow in fp16?), or relax options that remove tokens (`bad_words_ids`, `suppress_tokens`, `min_p`)."
+    )
+
+
+def add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: keep the note where 3.11 would put it
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+def at_step(step: int, action: Callable[[], Any]) -> Any:
+    """Run `action`; a `ValueError`/`TypeError` of hfbridge's checks gets the step number in front."""
+    try:
+        return action()
+    except (ValueError, TypeError) as error:
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        raise kind(f"generate(): at step {step}: {error}") from None
+
+
+def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, expand: int) -> torch.Tensor:
+    """The last position's logits `(rows, vocab)`, a view of the model's output, with the row count checked."""
+    logits = at_step(step, lambda: extract_logits(output))
+    rows = at_step(step, lambda: sampler.last_rows(logits))
+    if rows.shape[0] != expected:
+        layout = sampler.layout_of(logits).pattern
+        raise ValueError(
+            f"generate(): at step {step} the model returned logits of shape {tuple(logits.shape)} (layout "
+            f"{layout!r}), which give {rows.shape[0]} rows, expected {expected}: one per sequence "
+            f"({batch} prompts x num_return_sequences={expand})."
+        )
+    return rows
