@@ -63,7 +63,8 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
     finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
                             synced=options.synced)
-    explain_now = options.check_every == 1  # the step's logits are still at hand when its flags are read
+    # the step's logits are still at hand when its flags are read at the same step
+    explain_now = options.check_every == 1 or options.synced or streamer is not None
     new_column = call.mask.new_ones((rows_expected, 1))  # [N, 1]
     vocab = None
     step = 0

@@ -198,7 +198,8 @@ class Sampler:
 
         `rows` is the last-position `(rows, vocab)` view of the caller's logits (padded vocabulary
         dropped; read it, never write it), `ids` a private `(rows, seq)` int64 copy of
-        `input_ids`, and `batch_shape` the layout's batch axes (`from_rows` restores them).
+        `input_ids` (not copied when no processor reads them), and `batch_shape` the layout's
+        batch axes (`from_rows` restores them).
         """
         logits = extract_logits(logits)
         self._check_generator(logits.device)
@@ -330,6 +331,9 @@ class Sampler:
                    *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """`input_ids` as a private `(rows, seq)` int64 copy, checked against the logits rows.
 
+        With no processors nothing reads the ids, and they are not copied (a view of `input_ids`
+        when already int64).
+
         Args:
             input_ids: `(*batch, seq)` token ids, or None (no context: an empty `(rows, 0)` tensor).
             rows: The `(rows, vocab)` scores from `rows()` (or just the number of rows).
@@ -358,7 +362,8 @@ class Sampler:
             raise ValueError(
                 f"`input_ids` are on {input_ids.device} but the logits are on {device}; move one of them."
             )
-        ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=True)  # [N, T]
+        # [N, T]: a private copy for processors (they may be user code); no processor, no reader
+        ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=bool(self._processors))
         if vocab is not None and ids.numel():
             low, high = torch.stack(torch.aminmax(ids)).tolist()  # one pass, one sync
             if low < 0 or high >= vocab:
@@ -422,10 +427,16 @@ class Sampler:
 
     def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
         """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""
-        # Sampling: False for -inf (nothing left), +inf and NaN. Greedy: False for -inf and NaN.
-        valid = best.abs() < float("inf") if self.do_sample else best > float("-inf")
-        if not bool(valid.all()):
-            self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
+        if self.do_sample:  # False for -inf (nothing left), +inf and NaN
+            valid = best.abs() < float("inf")
+            if bool(valid.all()):
+                return
+        else:  # False for -inf and NaN; the minimum alone tells (amin propagates NaN)
+            worst = float(best if best.numel() == 1 else best.amin())
+            if worst > float("-inf"):
+                return
+            valid = best > float("-inf")
+        self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
 
 
 def sample_step(
