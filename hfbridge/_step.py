@@ -302,7 +302,7 @@ class Sampler:
 
     def _last_rows(self, logits: torch.Tensor, layout: Layout) -> torch.Tensor:
         if layout.axes == ("b", "t", "v"):
-            rows = logits[:, -1]  # [N, V_padded]: `to_rows` for the common layout, without einops' overhead
+            rows = logits.select(1, -1)  # [N, V_padded]: `to_rows` for the common layout, without einops' overhead
         elif layout.axes == ("b", "v"):
             rows = logits
         else:
