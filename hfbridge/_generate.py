@@ -6,8 +6,9 @@ One call of `generate`, in the order of HF's `generate`:
    lengths (`_prepare_generated_length`) and special tokens (`_prepare_special_tokens`) from HF;
 3. expand the prompt for `num_return_sequences`, put it in the streamer;
 4. build HF's stopping criteria and a fresh `Sampler` (HF's logits processors) for this call;
-5. loop: `forward` (the model adapter) -> `rows` -> `process` -> `choose` -> append (finished rows
-   get `pad_token_id`) -> streamer -> stopping criteria, until every row is finished.
+5. loop (`_loop.py`): `forward` (the model adapter) -> last-position rows -> `process` -> `choose`
+   -> append (finished rows get `pad_token_id`) -> streamer -> stopping criteria, until every row
+   is finished (`_finished.py`: at most one host read per step; `_lockstep.py`: `synced_gpus`).
 """
 
 from __future__ import annotations

@@ -222,6 +222,20 @@ def test_synced_gpus_default_is_off_without_a_process_group():
     assert out.shape == (4, 10) and model.calls == 8
 
 
+class Sharded(torch.nn.Module):
+    """`Successor` marked as HF marks a module managed by FSDP (`_is_fsdp_managed_module`)."""
+
+    _is_fsdp_managed_module = True
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, idx):
+        self.calls += 1
+        return torch.nn.functional.one_hot((idx + 1) % V, V).float() * 4.0
+
+
 class Cached(torch.nn.Module):
     """`ReturnsCache` form of `Successor`: the cache is the list of fed tokens."""
 
@@ -278,12 +292,14 @@ def _run_rank(rank: int, port: int, results) -> None:
             synced[name] = (generate(model, prompt, synced_gpus=True, **options).tolist(), _calls(model))
         model = Successor()
         default = (generate(model, prompt, **options).tolist(), model.calls)  # HF's rule: a plain model is not sharded
+        model = Sharded()
+        sharded = (generate(model, prompt, **options).tolist(), model.calls)  # HF's rule: FSDP-managed, 2 ranks: on
         check_every = Successor()
         checked = (generate(check_every, prompt, synced_gpus=True, check_every=4, **options).tolist(),
                    check_every.calls)
     finally:
         torch.distributed.destroy_process_group()
-    results.put((rank, alone, synced, default, checked))
+    results.put((rank, alone, synced, default, checked, sharded))
 
 
 def _calls(model) -> int:
@@ -318,7 +334,8 @@ def test_synced_gpus_two_gloo_ranks():
                 process.kill()
     assert all(process.exitcode == 0 for process in processes)
     for rank in (0, 1):
-        alone, synced, default, checked = got[rank]
+        alone, synced, default, checked, sharded = got[rank]
+        assert sharded[0] == alone["plain"][0] and sharded[1] == 6  # lockstep by default, as HF
         for name in alone:
             assert synced[name][0] == alone[name][0], (rank, name)  # each returns what it returns alone
         assert default == alone["plain"]  # synced_gpus=None: HF's rule, off for a model that is not sharded
