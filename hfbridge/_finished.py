@@ -120,39 +120,33 @@ class FinishedRows:
 
     def read(self) -> bool:
         """One host read of everything pending; True when the loop should stop."""
-        parts = [self.unfinished.any()]
-        invalid = self._invalid_any()
-        if invalid is not None:
-            parts.append(invalid)
-        flags = torch.stack(parts)  # [1 or 2] bool
+        parts: list[torch.Tensor] = []  # 0-d tensors, read together
         if self.synced:
-            running = torch.zeros((), dtype=torch.bool, device=flags.device) if self.rank_done else parts[0]
-            everyone = _lockstep.sum_over_ranks(running)  # how many ranks still have unfinished rows
-            values = torch.cat([everyone.reshape(1).to(torch.long), flags.to(torch.long)]).tolist()
-            everyone_count, values = values[0], values[1:]
-        else:
-            values = flags.tolist()
-        if len(values) > 1 and values[1]:
+            running = torch.zeros((), dtype=torch.bool, device=self.unfinished.device) if self.rank_done \
+                else self.unfinished.any()
+            parts.append(_lockstep.sum_over_ranks(running))  # how many ranks still have unfinished rows
+        tracked = self.others is not None or self.synced  # else only the length limit finishes rows
+        if tracked:
+            parts.append(self.unfinished.any())
+        values = _read_together(parts, [best for _, best, _ in self._invalid])
+        if self.synced:
+            everyone, values = values[0], values[1:]
+        if any(_is_invalid(best, value) for (_, best, _), value in zip(self._invalid, values[int(tracked):])):
             self._raise_invalid()
         self._invalid.clear()
-        if not values[0] and not self.rank_done:
+        if tracked and not values[0] and not self.rank_done:
             self.rank_done = True
             self._finish_length = self._first_finished_length(None)
         self._window.clear()
         if self.synced:
-            return everyone_count == 0
+            return everyone == 0
         return self.rank_done
 
-    def _invalid_any(self) -> torch.Tensor | None:
-        if not self._invalid:
-            return None
-        flags = [_invalid_rows(best) for _, best, _ in self._invalid]
-        return flags[0].any() if len(flags) == 1 else torch.stack([flag.any() for flag in flags]).any()
-
     def _check_invalid(self) -> None:
-        invalid = self._invalid_any()
-        if invalid is not None and bool(invalid):
-            self._raise_invalid()
+        if self._invalid:
+            values = _read_together([], [best for _, best, _ in self._invalid])
+            if any(_is_invalid(best, value) for (_, best, _), value in zip(self._invalid, values)):
+                self._raise_invalid()
         self._invalid.clear()
 
     def _raise_invalid(self) -> None:
@@ -173,6 +167,33 @@ class FinishedRows:
             return self._window[0][1]
         done = (~torch.stack([unfinished.any() for _, _, unfinished in self._window])).tolist()
         return next((entry[1] for entry, flag in zip(self._window, done) if flag), self._window[-1][1])
+
+
+def _read_together(parts: list[torch.Tensor], bests: list[torch.Tensor]) -> list[float]:
+    """One host read of the 0-d `parts` and a summary of each step's validity flags `bests`.
+
+    A float `best` is summarised by its minimum (NaN or -inf: a row had nothing to choose; `amin`
+    propagates NaN), a bool flag by `any`. One value alone is read without stacking.
+    """
+    if not parts and len(bests) == 1 and bests[0].numel() == 1:
+        return [bests[0].item()]  # greedy, one row, nothing else to read: no extra op at all
+    summaries = [best.any() if best.dtype == torch.bool else best.amin() for best in bests]
+    values = parts + summaries
+    if len(values) == 1:
+        return [values[0].item()]
+    return torch.stack([value.to(torch.float64) for value in values]).tolist() if _mixed(values) \
+        else torch.stack(values).tolist()
+
+
+def _mixed(values: list[torch.Tensor]) -> bool:
+    return len({value.dtype for value in values}) > 1
+
+
+def _is_invalid(best: torch.Tensor, value: float) -> bool:
+    """Whether the summary `value` of a step's flags (see `_read_together`) shows an invalid row."""
+    if best.dtype == torch.bool:
+        return bool(value)
+    return not value > float("-inf")
 
 
 def _invalid_rows(best: torch.Tensor) -> torch.Tensor:
