@@ -28,6 +28,7 @@ from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
 from ._lockstep import resolve as resolve_synced_gpus
 from ._loop import LoopOptions, check_every_option, decode, pads_finished
+from ._loop import add_note as _add_note  # noqa: F401  (the assisted-decoding hosts import it from here)
 from ._models import ModelAdapter, as_adapter
 from ._option_checks import check_flag, check_options, did_you_mean
 from ._processors import callable_list, make_generation_config
@@ -392,9 +393,9 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
                  raw_logits=() if return_dict and config.output_logits else None)
 
 
-def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, loop: LoopOptions) -> None:
+def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:
     """Step 5, the loop of HF's `_sample` (`_loop.py`), in place on `call`."""
-    decode(adapter, call, streamer, bar, loop)
+    decode(adapter, call, streamer, bar, loop or LoopOptions())
 
 
 def _check_input_ids(input_ids: Any) -> None:
