@@ -89,6 +89,8 @@ def check_processor_output(processor: Callable, scores: torch.Tensor, output: An
     >>> check_processor_output(abs, scores, scores) is scores
     True
     """
+    if output is scores:
+        return output  # edited in place: the input's metadata is the output's
     if isinstance(output, torch.Tensor) and output.shape == scores.shape and output.dtype == scores.dtype \
             and output.device == scores.device:
         return output  # the common case: four metadata comparisons

@@ -242,7 +242,8 @@ class Sampler:
                 that could not be sampled (`check_rows`). Default None: at once on CPU (free);
                 on an accelerator, not here: call `check_rows()` where you read the device anyway.
         """
-        self._check_vocab(rows.shape[-1])
+        if rows.shape[-1] != self._vocab_checked:
+            self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
         if self.fast and self.do_sample:
             from ._fast import fast_draw
@@ -295,6 +296,8 @@ class Sampler:
         logits = extract_logits(logits)
         _check_not_meta(logits)
         rows = self._float_copy(self.last_rows(logits))
+        if self.generation_config.remove_invalid_values:
+            return rows  # HF's InfNanRemoveLogitsProcessor turns NaN into 0: the processed scores are checked
         bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
         if bool(bad.any()):
             self._raise_bad_rows(bad, rows, rows)
@@ -341,7 +344,7 @@ class Sampler:
         """
         n_rows = rows if isinstance(rows, int) else rows.shape[0]
         vocab = None if isinstance(rows, int) else rows.shape[1]
-        if vocab is not None:
+        if vocab is not None and vocab != self._vocab_checked:
             self._check_vocab(vocab)
         device = self._device if isinstance(rows, int) else rows.device
         if input_ids is None:
@@ -394,14 +397,14 @@ class Sampler:
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
-        self._check_vocab(scores.shape[-1])
+        if scores.shape[-1] != self._vocab_checked:
+            self._check_vocab(scores.shape[-1])
         return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
     def _check_vocab(self, vocab: int) -> None:
-        """Token ids in the options must lie in `[0, vocab)`; checked once per vocabulary width."""
-        if vocab != self._vocab_checked:
-            check_token_ids_in_vocab(self._token_options, vocab)
-            self._vocab_checked = vocab
+        """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""
+        check_token_ids_in_vocab(self._token_options, vocab)
+        self._vocab_checked = vocab
 
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.

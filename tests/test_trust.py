@@ -418,3 +418,16 @@ def test_fast_path_checks_the_processors_it_calls():
     assert str(error.value) == (
         "logits processor 0 (narrower) returned scores of shape (2, 5), expected (2, 10) like its input (rows, vocab)."
     )
+
+
+def test_remove_invalid_values_lets_nan_logits_through_as_hf():
+    table = torch.randn(10, 10, generator=torch.Generator().manual_seed(0))
+    table[2, 4] = NAN  # after token 2, the model's row holds NaN
+
+    def model(input_ids):
+        return table[input_ids]
+
+    with pytest.raises(ValueError, match=re.escape("generate(): at step 0: `logits` contain NaN in row 0")):
+        generate(model, torch.tensor([[2]]), max_new_tokens=1)
+    out = generate(model, torch.tensor([[2]]), max_new_tokens=1, remove_invalid_values=True)
+    assert out[0, 1] == torch.nan_to_num(table[2], nan=0.0).argmax()  # HF's InfNanRemove: NaN -> 0
