@@ -217,7 +217,8 @@ def plot(trace: GenerationTrace, axes: Any = None) -> Any:
     except ImportError as error:
         raise ImportError(
             "GenerationTrace.plot() needs matplotlib, which is not installed; "
-            "install it with `pip install hfbridge[notebooks]` (or `pip install matplotlib`)."
+            "install it with `pip install matplotlib` "
+            "(or, in a clone of hfbridge, `pip install -e \".[notebooks]\"`)."
         ) from error
     steps = trace.steps
     created = axes is None
