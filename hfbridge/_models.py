@@ -94,7 +94,8 @@ class ModelAdapter:
 
     Subclass it for a calling convention the four adapters do not cover: override `forward`, and
     `update` / `logits` / `cache` where needed (`state` is a dict; keys starting with `_` are the
-    adapter's own, the others are model inputs).
+    adapter's own, the others are model inputs), and `reorder_cache` when the adapter carries a
+    cache and you use beam search.
 
     Args:
         model: The model: any callable (an `nn.Module`, a function, a compiled module).
