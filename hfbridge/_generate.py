@@ -248,6 +248,7 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
                     tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
                     kwargs=kwargs)
+    _check_loop_options(loop, call.config, assistant_model)
     if is_assisted(call.config, assistant_model):  # HF's own assisted loop on the adapter (`_assisted.py`)
         from ._assisted import generate_assisted
 
@@ -283,6 +284,28 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
             attentions=None, hidden_states=None, past_key_values=adapter.cache(call.state),
         )
     return call.sequences
+
+
+def _check_loop_options(loop: LoopOptions, config: GenerationConfig, assistant_model: Any) -> None:
+    """`check_every` and `synced_gpus` belong to hfbridge's own greedy/sampling loop; HF's beam and assisted
+    loops run here without them, so asking for them there is refused rather than silently ignored."""
+    if is_assisted(config, assistant_model):
+        strategy = "assisted / prompt-lookup decoding"
+    elif is_beam(config):
+        strategy = "beam search"
+    else:
+        return
+    if loop.check_every != 1:
+        raise ValueError(
+            f"`check_every`={loop.check_every} applies to greedy search and sampling; {strategy} runs HF's own "
+            "loop, which checks every step. Drop check_every."
+        )
+    if loop.synced:
+        raise ValueError(
+            f"`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge supports for greedy "
+            f"search and sampling only, not yet for {strategy}; use one of those, or synced_gpus=False when every "
+            "rank makes the same number of model calls anyway."
+        )
 
 
 @dataclasses.dataclass

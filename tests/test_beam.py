@@ -452,3 +452,28 @@ def test_reorder_state_must_return_the_state():
     )):
         generate(Hooks(TinyMasked(core), prepare_inputs, reorder_state=lambda state, beam_idx: None),
                  torch.tensor([[1, 2]]), max_new_tokens=3, num_beams=2)
+
+
+def test_loop_only_options_refused_with_beams_and_drafts():
+    # check_every and synced_gpus belong to hfbridge's own greedy/sampling loop: refused, not ignored.
+    _refused(ValueError, "`check_every`=2 applies to greedy search and sampling; beam search runs HF's own loop",
+             num_beams=2, check_every=2)
+    _refused(ValueError, "`check_every`=3 applies to greedy search and sampling; assisted / prompt-lookup decoding",
+             prompt_lookup_num_tokens=2, check_every=3)
+
+
+def test_synced_gpus_refused_with_beams():
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as probe:  # a free port for a one-rank gloo group
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        _refused(ValueError, "`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge "
+                 "supports for greedy search and sampling only, not yet for beam search", num_beams=2,
+                 synced_gpus=True)
+    finally:
+        dist.destroy_process_group()
