@@ -23,11 +23,12 @@ from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ._generate import _add_note, _decode, _prepare
+from ._generate import _decode, _prepare
 from ._hf import _TRANSFORMERS_MAJOR
-from ._hf_loops import LoopHost, _at_step
+from ._hf_loops import LoopHost
 from ._layout import Layout
-from ._models import AdapterTypeError, ModelAdapter
+from ._loop import add_note, at_step, forward_and_update
+from ._models import ModelAdapter
 from ._step import Sampler, extract_logits
 
 
@@ -126,18 +127,11 @@ class TargetHost(LoopHost):
         step, fed = self.step, input_ids.shape[1] - self.fed
         self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
             input_ids.shape)
-        try:
-            outputs = self.adapter.forward(input_ids, self.state)
-            self.state = self.adapter.update(outputs, input_ids, self.state)
-            if step == 0:
-                self.adapter.check_crop(self.state)
-        except AdapterTypeError as error:
-            raise TypeError(f"generate(): at step {step}: {error}") from None
-        except Exception as error:
-            _add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
-                             f"{input_ids.shape[1]} tokens so far, {fed} of them fed in this call).")
-            raise
-        logits = _at_step(step, lambda: fed_logits(
+        outputs, self.state = forward_and_update(
+            self.adapter, input_ids, self.state, step,
+            f"{input_ids.shape[1]} tokens so far, {fed} of them fed in this call",
+            check=self.adapter.check_crop if step == 0 else None)
+        logits = at_step(step, lambda: fed_logits(
             extract_logits(self.adapter.logits(outputs)), layout=self.sampler.layout,
             vocab_size=self.sampler.vocab_size, rows=input_ids.shape[0], fed=fed, role="target"))
         logits = logits.to(input_ids.device)  # [1, fed, V]
@@ -149,7 +143,7 @@ class TargetHost(LoopHost):
     def _check_vocab(self, logits: torch.Tensor, input_ids: torch.Tensor, step: int) -> None:
         if self.vocab is None:
             self.vocab = logits.shape[-1]
-            _at_step(step, lambda: self.sampler.input_rows(input_ids, logits[:, -1]))  # prompt ids in the vocabulary
+            at_step(step, lambda: self.sampler.input_rows(input_ids, logits[:, -1]))  # prompt ids in the vocabulary
         elif logits.shape[-1] != self.vocab:
             raise ValueError(
                 f"generate(): at step {step} the model returned logits with {logits.shape[-1]} vocabulary columns, "
@@ -236,7 +230,7 @@ class DraftHost:
         try:
             _decode(self.adapter, call, None, None)
         except Exception as error:
-            _add_note(error, f"hfbridge.generate: raised while the assistant model drafted after "
+            add_note(error, f"hfbridge.generate: raised while the assistant model drafted after "
                              f"{input_ids.shape[1]} tokens.")
             raise
         if call.scores:

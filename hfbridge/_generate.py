@@ -28,7 +28,6 @@ from ._hf import ProcessorHost, generation_option_names
 from ._layout import Layout, LayoutLike
 from ._lockstep import resolve as resolve_synced_gpus
 from ._loop import LoopOptions, check_every_option, decode, pads_finished
-from ._loop import add_note as _add_note  # noqa: F401  (the assisted-decoding hosts import it from here)
 from ._models import ModelAdapter, as_adapter
 from ._option_checks import check_flag, check_options, did_you_mean
 from ._processors import callable_list, make_generation_config

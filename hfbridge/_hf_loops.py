@@ -28,6 +28,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ._hf import ProcessorHost
 from ._layout import Layout
+from ._loop import add_note, at_step, forward_and_update
 from ._models import AdapterTypeError, ModelAdapter
 from ._step import Sampler, extract_logits
 
@@ -49,7 +50,7 @@ class AdapterCache:
         except AdapterTypeError as error:
             raise TypeError(f"generate(): after step {host.step - 1}: {error}") from None
         except Exception as error:
-            _add_note(error, f"hfbridge.generate: raised while reordering the cache for beam search after step "
+            add_note(error, f"hfbridge.generate: raised while reordering the cache for beam search after step "
                              f"{host.step - 1}.")
             raise
 
@@ -112,15 +113,8 @@ class LoopHost(ProcessorHost):
         step = self.step
         if attention_mask is not None:
             self.state["attention_mask"] = attention_mask
-        try:
-            outputs = self.adapter.forward(input_ids, self.state)
-            self.state = self.adapter.update(outputs, input_ids, self.state)
-        except AdapterTypeError as error:
-            raise TypeError(f"generate(): at step {step}: {error}") from None
-        except Exception as error:
-            _add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
-                             f"{input_ids.shape[1]} tokens so far).")
-            raise
+        outputs, self.state = forward_and_update(self.adapter, input_ids, self.state, step,
+                                                 f"{input_ids.shape[1]} tokens so far")
         rows = self._rows(self.adapter.logits(outputs), input_ids, step)  # [N, V]
         self.fed = input_ids.shape[1]
         self.step += 1
@@ -139,8 +133,8 @@ class LoopHost(ProcessorHost):
 
     def _rows(self, output: Any, input_ids: torch.Tensor, step: int) -> torch.Tensor:
         """The last-position logits as checked float32 rows `(rows, vocab)` on the device of `input_ids`."""
-        logits = _at_step(step, lambda: extract_logits(output))
-        rows = _at_step(step, lambda: self.sampler.rows(logits)).to(input_ids.device)  # [N, V]
+        logits = at_step(step, lambda: extract_logits(output))
+        rows = at_step(step, lambda: self.sampler.rows(logits)).to(input_ids.device)  # [N, V]
         expected = input_ids.shape[0]
         if rows.shape[0] != expected:
             layout = Layout.for_tensor(logits, self.sampler.layout).pattern
@@ -151,7 +145,7 @@ class LoopHost(ProcessorHost):
             )
         if self.vocab is None:
             self.vocab = rows.shape[1]
-            _at_step(step, lambda: self.sampler.input_rows(input_ids, rows))  # prompt ids within the vocabulary
+            at_step(step, lambda: self.sampler.input_rows(input_ids, rows))  # prompt ids within the vocabulary
             if rows.shape[1] < self.min_vocab:
                 raise ValueError(
                     f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
@@ -163,18 +157,3 @@ class LoopHost(ProcessorHost):
                 f"but {self.vocab} at step 0; the vocabulary size must stay the same."
             )
         return rows
-
-
-def _at_step(step: int, action: Callable[[], Any]) -> Any:
-    try:
-        return action()
-    except (ValueError, TypeError) as error:
-        kind = ValueError if isinstance(error, ValueError) else TypeError
-        raise kind(f"generate(): at step {step}: {error}") from None
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:  # Python 3.10
-        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]

@@ -134,17 +134,30 @@ def _cut(call: _Call, length: int | None) -> None:
 
 def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
     """The model call (and the adapter's state update); its exceptions get the step as a note."""
+    outputs, call.state = forward_and_update(adapter, call.sequences, call.state, step,
+                                             f"{call.sequences.shape[1]} tokens so far, {step} generated")
+    return outputs
+
+
+def forward_and_update(adapter: ModelAdapter, input_ids: torch.Tensor, state: dict[str, Any], step: int,
+                       context: str, check: Callable[[dict[str, Any]], None] | None = None
+                       ) -> tuple[Any, dict[str, Any]]:
+    """One model call through `adapter` and its state update, for every loop (hfbridge's and HF's on a host).
+
+    An `AdapterTypeError` becomes a `TypeError` naming the step; anything else the model, the adapter
+    or `check` (run on the new state) raises propagates with a note naming the step and `context`.
+    """
     try:
-        outputs = adapter.forward(call.sequences, call.state)
-        call.state = adapter.update(outputs, call.sequences, call.state)
+        outputs = adapter.forward(input_ids, state)
+        state = adapter.update(outputs, input_ids, state)
+        if check is not None:
+            check(state)
     except AdapterTypeError as error:
         raise TypeError(f"generate(): at step {step}: {error}") from None
     except Exception as error:
-        length = call.sequences.shape[1]
-        add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; "
-                        f"{length} tokens so far, {step} generated).")
+        add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; {context}).")
         raise
-    return outputs
+    return outputs, state
 
 
 def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fast: bool,
