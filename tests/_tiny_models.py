@@ -33,6 +33,18 @@ def tiny_llama() -> LlamaForCausalLM:
 HF_MODELS = {"gpt2": tiny_gpt2, "llama": tiny_llama}
 
 
+def model_cache():
+    """A getter that builds each of `HF_MODELS` once, for one test module: `_model = model_cache()`."""
+    built: dict = {}
+
+    def model(name: str):
+        if name not in built:
+            built[name] = HF_MODELS[name]()
+        return built[name]
+
+    return model
+
+
 def _keep_last_logits(hf) -> dict:
     """The `logits_to_keep=1` HF's `generate` passes (named `num_logits_to_keep` in 4.46)."""
     parameters = inspect.signature(hf.forward).parameters

@@ -1,5 +1,7 @@
 """Fixtures shared by the generate tests (opted into per module with `pytestmark`)."""
 
+import warnings
+
 import pytest
 import torch
 from transformers.utils import logging as hf_logging
@@ -21,3 +23,11 @@ def quiet_hf():
     hf_logging.set_verbosity_error()
     yield
     hf_logging.set_verbosity(verbosity)
+
+
+@pytest.fixture
+def no_python_warnings():
+    """Python warnings off: these modules compare against HF, whose warnings are the same on both sides."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

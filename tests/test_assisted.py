@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import warnings
 
 import pytest
 import torch
@@ -35,6 +34,7 @@ from _tiny_models import (
     TinyCore,
     TinyFast,
     TinyRecompute,
+    model_cache,
     positions,
     recompute_callable,
     returns_cache_callable,
@@ -42,20 +42,7 @@ from _tiny_models import (
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
 
-_MODELS: dict = {}
-
-
-def _model(name):
-    if name not in _MODELS:
-        _MODELS[name] = HF_MODELS[name]()
-    return _MODELS[name]
-
-
-@pytest.fixture
-def no_python_warnings():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+_model = model_cache()
 
 
 # ------------------------------------------------------------------------------------------

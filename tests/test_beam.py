@@ -9,7 +9,6 @@ beams; and everything beam search cannot do is refused before the first model ca
 from __future__ import annotations
 
 import re
-import warnings
 
 import pytest
 import torch
@@ -27,6 +26,7 @@ from _tiny_models import (
     TinyFast,
     TinyMasked,
     TinyRecompute,
+    model_cache,
     positions,
     recompute_callable,
     returns_cache_callable,
@@ -55,20 +55,7 @@ CONFIGS = {
                                max_length=13, max_new_tokens=None, eos_token_id=EOS_EVERY_4TH, pad_token_id=PAD),
 }
 
-_MODELS: dict = {}
-
-
-def _model(name):
-    if name not in _MODELS:
-        _MODELS[name] = HF_MODELS[name]()
-    return _MODELS[name]
-
-
-@pytest.fixture
-def no_python_warnings():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+_model = model_cache()
 
 
 def _input_pos(hf, batch):

@@ -24,7 +24,7 @@ from transformers import GenerationConfig
 from hfbridge import InputPos, Recompute, ReturnsCache, generate
 from hfbridge._hf import generation_option_names
 
-from _tiny_models import HF_MODELS, InputPosHF, recompute_callable, returns_cache_callable
+from _tiny_models import HF_MODELS, InputPosHF, model_cache, recompute_callable, returns_cache_callable
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
 
@@ -78,20 +78,7 @@ INPUT_POS_CONFIGS = ("greedy", "top_p_min_p", "eos_min_length_sample", "num_retu
 CASES = [(config, model, path) for config in CONFIGS for model in HF_MODELS for path in PATHS
          if path != "input_pos" or config in INPUT_POS_CONFIGS]
 
-_MODELS: dict = {}
-
-
-def _model(name):
-    if name not in _MODELS:
-        _MODELS[name] = HF_MODELS[name]()
-    return _MODELS[name]
-
-
-@pytest.fixture
-def no_python_warnings():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+_model = model_cache()
 
 
 def _options(config_name):
