@@ -68,9 +68,10 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from ._candidates import top_candidates, top_p_candidates, top_p_count
 from ._draw import draw, draw_checked, pick
 from ._processor_list import check_processor_output
-from ._top_p import top_candidates, top_p_candidates, top_p_count, top_p_mask
+from ._top_p import top_p_mask
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
 

@@ -8,8 +8,9 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler
+from hfbridge._candidates import top_candidates
 from hfbridge._fast import fast_scores
-from hfbridge._top_p import keep_highest, top_candidates
+from hfbridge._top_p import keep_highest
 
 NEG_INF = float("-inf")
 BOTH = pytest.mark.parametrize("candidates", [True, False], ids=["candidates", "fixed-shape"])
