@@ -107,7 +107,9 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
         rest = torch.zeros_like(picked[:, :1], dtype=torch.float64)  # [N, 1] mass of the other tokens
         if k < vocab:
             if total is None:
-                total = probs.sum(dim=-1, keepdim=True).double()  # 1 up to rounding
+                # [N, 1] 1 up to rounding; summed in float64, as HF's cumsum accumulates, so that the mass
+                # below the candidates rounds to HF's side of the cut even when probabilities tie on it
+                total = probs.sum(dim=-1, keepdim=True, dtype=torch.float64)
             rest = (total - picked.double().sum(dim=-1, keepdim=True)).clamp_(min=0)
         kept = top_p_count(picked, rest, top_p, at_least)
         # Certain only if the last kept candidate is above every token that is not a candidate.
