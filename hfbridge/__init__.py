@@ -8,8 +8,9 @@
 
 from ._explain import StepTrace, explain_step
 from ._generate import generate
+from ._hooks import Hooks
 from ._layout import Layout, from_rows, to_rows
-from ._models import Hooks, InputPos, ModelAdapter, Recompute, ReturnsCache
+from ._models import InputPos, ModelAdapter, Recompute, ReturnsCache
 from ._processors import build_processors
 from ._step import Sampler, sample_step
 from ._streamers import NotebookStreamer

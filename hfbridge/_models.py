@@ -26,64 +26,18 @@ torch.Size([1, 3])
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ._cache import crop_cache as _crop
 from ._cache import reorder_cache as _reorder
+from ._callables import AdapterTypeError, accepts, call_signature, checked_hook, describe, parameter_list
 
 # Keys the built-in adapters keep in the state for themselves.
 _FED = "_fed"  # how many tokens of the sequence the model has already seen (its cache length)
 _CACHE = "_cache"  # the cache a `ReturnsCache` model returned last
-
-
-class AdapterTypeError(TypeError):
-    """A model or hook returned something its adapter cannot use (`generate` adds the step number)."""
-
-
-def call_signature(model: Any) -> inspect.Signature | None:
-    """The signature a call of `model` goes through (`forward` for an `nn.Module`), or None."""
-    target = model
-    if isinstance(model, torch.nn.Module):
-        # torch.compile wraps the module; its own forward takes (*args, **kwargs).
-        target = getattr(model, "_orig_mod", model).forward
-    try:
-        return inspect.signature(target)
-    except (TypeError, ValueError):
-        return None
-
-
-def accepts(signature: inspect.Signature | None, name: str, *, explicitly: bool = False) -> bool:
-    """Whether a call with `signature` takes the keyword argument `name`.
-
-    With `explicitly=True` a `**kwargs` catch-all does not count. An unknown signature takes anything
-    (and nothing explicitly).
-    """
-    if signature is None:
-        return not explicitly
-    parameter = signature.parameters.get(name)
-    if parameter is not None and parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.VAR_POSITIONAL):
-        return True
-    if explicitly:
-        return False
-    return any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-
-
-def _parameter_list(signature: inspect.Signature | None) -> str:
-    if signature is None:
-        return "unknown"
-    return ", ".join(str(p) for p in signature.parameters.values()) or "none"
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"Tensor of shape {tuple(value.shape)}"
-    if isinstance(value, (tuple, list)):
-        return f"{type(value).__name__} of {len(value)}"
-    return type(value).__name__
 
 
 class ModelAdapter:
@@ -138,7 +92,7 @@ class ModelAdapter:
             if not accepts(self.signature, name):
                 raise TypeError(
                     f"generate() got `{name}`, which is neither a generation option nor an input the model accepts "
-                    f"(the model's parameters: {_parameter_list(self.signature)})."
+                    f"(the model's parameters: {parameter_list(self.signature)})."
                 )
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -279,7 +233,7 @@ class InputPos(ModelAdapter):
 
     def __init__(self, model: Callable[..., Any], *, reorder_cache: Callable[[torch.Tensor], Any] | None = None):
         super().__init__(model)
-        self.reorder_hook = _checked_hook(reorder_cache, "reorder_cache", "reorder_cache(beam_idx)")
+        self.reorder_hook = checked_hook(reorder_cache, "reorder_cache", "reorder_cache(beam_idx)")
 
     def check_reorder(self) -> None:
         if self.reorder_hook is None:
@@ -356,8 +310,8 @@ class ReturnsCache(ModelAdapter):
                  crop_cache: Callable[[Any, int], Any] | None = None):
         super().__init__(model)
         self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
-        self.reorder_hook = _checked_hook(reorder_cache, "reorder_cache", "reorder_cache(cache, beam_idx) -> cache")
-        self.crop_hook = _checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
+        self.reorder_hook = checked_hook(reorder_cache, "reorder_cache", "reorder_cache(cache, beam_idx) -> cache")
+        self.crop_hook = checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
         reorder = self.reorder_hook if self.reorder_hook is not None else _reorder
@@ -380,7 +334,7 @@ class ReturnsCache(ModelAdapter):
     def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(outputs, (tuple, list)) or len(outputs) != 2:
             raise AdapterTypeError(
-                f"a ReturnsCache model must return a pair (logits, cache), got {_describe(outputs)}; "
+                f"a ReturnsCache model must return a pair (logits, cache), got {describe(outputs)}; "
                 "return `logits, cache` (or use Recompute for a model that returns only logits)."
             )
         state[_CACHE] = outputs[1]
@@ -400,141 +354,6 @@ class ReturnsCache(ModelAdapter):
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length
         return state
-
-
-class Hooks(ModelAdapter):
-    """Any model, with HF-style hooks that build each call and carry the model's outputs forward.
-
-    Mirrors HF's `prepare_inputs_for_generation` and `_update_model_kwargs_for_generation`:
-    before every call, `prepare_inputs(input_ids, **state)` returns the keyword arguments of
-    `model(**kwargs)`; after it, `update_state(outputs, state)` returns the state for the next step
-    (for example with the cache the model returned). `state` starts with `"attention_mask"` (kept
-    up to date by `generate`: the mask of the whole sequence so far) and the extra keyword arguments
-    given to `generate`; `update_state` may add anything.
-
-    Args:
-        model: Called as `model(**prepare_inputs(input_ids, **state))`; returns logits, a tuple whose
-            first item is the logits, a mapping with `"logits"` or a `ModelOutput`.
-        prepare_inputs: `(input_ids, **state) -> dict` of call keyword arguments; `input_ids` is the
-            whole sequence so far, `(batch, seq)`.
-        update_state: `(outputs, state) -> state`, called after every model call. Default: keep
-            the state as it is.
-        reorder_state: `(state, beam_idx) -> state`, called after every beam search step:
-            row `i` of every per-row entry must become row `beam_idx[i]` (`beam_idx` `(rows,)`).
-            Default: reorder `state["past_key_values"]` (HF's name for the cache) when present
-            (an HF `Cache` or a nest of batch-first tensors).
-        crop_state: `(state, length) -> state`, for assisted and prompt-lookup decoding: forget
-            every position from `length` on (the rejected draft tokens); `prepare_inputs` then
-            feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` (an HF `Cache`
-            or tensors `(..., seq, dim)`, see `crop_cache`) when the state has one.
-
-    >>> import torch
-    >>> from hfbridge import Hooks, generate
-    >>> def model(tokens, bonus):                         # bonus: [B, V] added at every step
-    ...     return torch.zeros(tokens.shape[0], tokens.shape[1], 6) + bonus[:, None, :]
-    >>> def prepare_inputs(input_ids, *, bonus, step=0, **state):
-    ...     return {"tokens": input_ids, "bonus": bonus.roll(step, dims=-1)}
-    >>> def update_state(outputs, state):
-    ...     return {**state, "step": state.get("step", 0) + 1}
-    >>> bonus = torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
-    >>> generate(Hooks(model, prepare_inputs, update_state), torch.tensor([[0]]),
-    ...          max_new_tokens=3, bonus=bonus).tolist()
-    [[0, 1, 2, 3]]
-    """
-
-    def __init__(self, model: Callable[..., Any], prepare_inputs: Callable[..., Mapping[str, Any]],
-                 update_state: Callable[[Any, dict[str, Any]], dict[str, Any]] | None = None, *,
-                 reorder_state: Callable[[dict[str, Any], torch.Tensor], dict[str, Any]] | None = None,
-                 crop_state: Callable[[dict[str, Any], int], dict[str, Any]] | None = None):
-        super().__init__(model)
-        if not callable(prepare_inputs):
-            raise TypeError(
-                f"`prepare_inputs` must be callable as prepare_inputs(input_ids, **state) -> dict, "
-                f"got {type(prepare_inputs).__name__}."
-            )
-        if update_state is not None and not callable(update_state):
-            raise TypeError(
-                f"`update_state` must be callable as update_state(outputs, state) -> state, "
-                f"got {type(update_state).__name__}."
-            )
-        self.prepare_inputs = prepare_inputs
-        self.update_state = update_state
-        self.reorder_state = _checked_hook(reorder_state, "reorder_state", "reorder_state(state, beam_idx) -> state")
-        self.crop_state = _checked_hook(crop_state, "crop_state", "crop_state(state, length) -> state")
-        self.hook_signature = call_signature(prepare_inputs)
-
-    def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
-        if self.reorder_state is not None:
-            new_state = self.reorder_state(state, beam_idx)
-            if not isinstance(new_state, dict):
-                raise AdapterTypeError(f"reorder_state must return the state dict, got {_describe(new_state)}.")
-            return new_state
-        if state.get("past_key_values") is not None:
-            state["past_key_values"] = _reorder(state["past_key_values"], beam_idx)
-        return state
-
-    def check_crop(self, state: dict[str, Any]) -> None:
-        if self.crop_state is None and "past_key_values" not in state:
-            raise TypeError(
-                "assisted and prompt-lookup decoding roll back rejected draft tokens, but this Hooks state has no "
-                "`past_key_values` entry to crop; pass Hooks(..., crop_state=lambda state, length: ...) that makes "
-                "the model forget positions from `length` on (return the state unchanged if it recomputes)."
-            )
-
-    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
-        if self.crop_state is not None:
-            new_state = self.crop_state(state, length)
-            if not isinstance(new_state, dict):
-                raise AdapterTypeError(f"crop_state must return the state dict, got {_describe(new_state)}.")
-            return new_state
-        self.check_crop(state)
-        return {**state, "past_key_values": _crop(state["past_key_values"], length)}
-
-    def check_inputs(self, names: list[str]) -> None:
-        for name in names:
-            if not accepts(self.hook_signature, name):
-                raise TypeError(
-                    f"generate() got `{name}`, which is neither a generation option nor a state entry that "
-                    f"prepare_inputs accepts (its parameters: {_parameter_list(self.hook_signature)})."
-                )
-
-    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-              model_inputs: dict[str, Any]) -> dict[str, Any]:
-        if not accepts(self.hook_signature, "attention_mask"):
-            raise TypeError(
-                "prepare_inputs must accept the state's `attention_mask` (its parameters: "
-                f"{_parameter_list(self.hook_signature)}); add `attention_mask=None` or `**state`."
-            )
-        self.check_inputs(list(model_inputs))
-        return {"attention_mask": attention_mask, **model_inputs}
-
-    def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
-        kwargs = self.prepare_inputs(input_ids, **state)
-        if not isinstance(kwargs, Mapping):
-            raise AdapterTypeError(
-                f"prepare_inputs must return a dict of keyword arguments for the model, got {_describe(kwargs)}."
-            )
-        refused = [name for name in kwargs if not accepts(self.signature, name)]
-        if refused:
-            raise AdapterTypeError(
-                f"prepare_inputs returned `{refused[0]}`, which the model does not accept "
-                f"(the model's parameters: {_parameter_list(self.signature)})."
-            )
-        return self.model(**kwargs)
-
-    def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
-        if self.update_state is None:
-            return state
-        new_state = self.update_state(outputs, state)
-        if not isinstance(new_state, dict):
-            raise AdapterTypeError(f"update_state must return the state dict, got {_describe(new_state)}.")
-        return new_state
-
-
-def _checked_hook(hook: Any, name: str, contract: str) -> Any:
-    if hook is not None and not callable(hook):
-        raise TypeError(f"`{name}` must be callable as {contract}, got {type(hook).__name__}.")
-    return hook
 
 
 def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:
