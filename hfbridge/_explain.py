@@ -19,6 +19,7 @@ from ._display import processor_params as _processor_params
 from ._html import FONT_STYLE, page
 from ._processor_list import check_processor_output
 from ._step import Sampler
+from ._step_plot import plot_step
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
 
@@ -54,7 +55,12 @@ class Stage:
         """``Name(param=value, ...)``, or ``input`` (HF's default ``min_tokens_to_keep=1`` is not shown)."""
         if not _shown(self.params):
             return self.name
-        return f"{self.name}({_params_text(self.params)})"
+        return f"{self.name}({self.params_text})"
+
+    @property
+    def params_text(self) -> str:
+        """``param=value, ...`` as shown in tables and plots (without HF's default ``min_tokens_to_keep=1``)."""
+        return _params_text(self.params)
 
     @property
     def short_name(self) -> str:
@@ -204,63 +210,7 @@ class StepTrace:
         >>> type(fig).__name__
         'Figure'
         """
-        try:
-            import matplotlib.pyplot as plt
-        except ImportError as error:
-            raise ImportError(
-                "StepTrace.plot() needs matplotlib, which is not installed; "
-                "install it with `pip install matplotlib` "
-                "(or, in a clone of hfbridge, `pip install -e \".[notebooks]\"`)."
-            ) from error
-        count = min(top if top is not None else len(self.stages[0].top_ids), 10)
-        if count < 1:
-            raise ValueError(f"top: expected a positive number of tokens to plot, got {top!r}")
-        # The input's leaders, plus whatever the processors promoted to the top, plus the choice.
-        tokens = list(self.stages[0].top_ids[:count])
-        for token_id in [*self.stages[-1].top_ids[: min(count, 3)], self.token]:
-            if token_id not in tokens:
-                tokens.append(token_id)
-        probs = torch.stack([s.probs() for s in self.stages])  # [stages, vocab]
-        shown = probs[:, tokens]  # [stages, tokens]
-        rest = (1.0 - shown.sum(dim=1)).clamp_min(0.0)
-
-        created = ax is None
-        if created:
-            fig, ax = plt.subplots(figsize=(1.9 * len(self.stages) + 3.2, 4.2))
-        else:
-            fig = ax.figure
-        x = range(len(self.stages))
-        bottom = torch.zeros(len(self.stages))
-        colors = plt.get_cmap("tab10" if len(tokens) <= 10 else "tab20")
-        for i, token_id in enumerate(tokens):
-            chosen = token_id == self.token
-            ax.bar(
-                x, shown[:, i].tolist(), bottom=bottom.tolist(), color=colors(i % colors.N), width=0.6,
-                edgecolor="black" if chosen else "white", linewidth=1.2 if chosen else 0.5,
-                hatch="//" if chosen else None,
-                label=self.token_label(token_id) + ("  (chosen)" if chosen else ""),
-            )
-            bottom += shown[:, i]
-        ax.bar(x, rest.tolist(), bottom=bottom.tolist(), color="#d9d9d9", width=0.6, edgecolor="white",
-               linewidth=0.5, label="all other tokens")
-        for i, stage in enumerate(self.stages):
-            ax.text(i, 1.01, f"{stage.possible} possible\nH={stage.entropy:.2f}", ha="center", va="bottom", fontsize=8)
-        ax.set_xticks(list(x))
-        ax.set_xticklabels([_wrap_label(s) for s in self.stages], fontsize=8)
-        ax.set_ylim(0, 1.12)
-        ax.set_ylabel("probability")
-        ax.spines[["top", "right"]].set_visible(False)
-        where = f"row {self.row} of {self.batch_rows}: " if self.batch_rows > 1 else ""
-        ax.set_title(f"explain_step: {where}token {self.token_label(self.token)} "
-                     f"{'sampled' if self.do_sample else 'taken greedily'}", fontsize=10, pad=24)
-        handles, labels = ax.get_legend_handles_labels()
-        # Listed top-down in the order the segments are stacked, so legend and bars read alike.
-        ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                  frameon=False, title="token")
-        if created:
-            fig.tight_layout()
-            plt.close(fig)
-        return fig
+        return plot_step(self, top=top, ax=ax)
 
 
 def explain_step(
@@ -403,11 +353,3 @@ def _shown(params: dict[str, Any]) -> dict[str, Any]:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _wrap_label(stage: Stage) -> str:
-    params = _params_text(stage.params)
-    if len(params) > 22:
-        params = params[:21] + "…"
-    return f"{stage.short_name}\n{params}" if params else stage.short_name
-

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _trace_view
+from ._generate_output import read_output, score_rows, stacked_rows
 
 __all__ = ["Alternative", "GenerationTrace", "TokenStep", "explain_generation"]
 
@@ -205,7 +206,7 @@ def explain_generation(
     >>> step.token, round(step.prob, 4), step.possible
     (1, 0.8808, 2)
     """
-    sequences, scores, logits, beam_indices = _read_output(output)
+    sequences, scores, logits, beam_indices = read_output(output)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top: expected a positive int (alternatives per step), got {top!r}")
     if isinstance(row, bool) or not isinstance(row, int):
@@ -214,7 +215,7 @@ def explain_generation(
     if not 0 <= row < n_rows:
         raise ValueError(f"row: got {row}, expected 0 <= row < {n_rows} (output.sequences has {n_rows} rows)")
 
-    sources, padding = _score_rows(sequences, scores, beam_indices, row)
+    sources, padding = score_rows(sequences, scores, beam_indices, row)
     length = len(sources)
     cut = sequences.shape[1] - length
     ids = sequences[row].tolist()
@@ -225,7 +226,7 @@ def explain_generation(
             raise TypeError(f"pad_token_id: expected one int, got {pad_token_id!r}")
         padding = _padding_flags(tokens, _token_ids("eos_token_id", eos_token_id, tokenizer), next(iter(pad), None))
 
-    processed = _stacked(scores, sources, "scores")  # [S, V]
+    processed = stacked_rows(scores, sources, "scores")  # [S, V]
     vocab = processed.shape[1]
     if tokens and max(tokens) >= vocab:
         raise ValueError(
@@ -234,7 +235,7 @@ def explain_generation(
         )
     model = None
     if logits is not None:
-        model = _stacked(logits, sources, "logits")
+        model = stacked_rows(logits, sources, "logits")
         if model.shape != processed.shape:
             raise ValueError(
                 f"output.logits and output.scores differ in shape ({tuple(model.shape[1:])} vs "
@@ -273,93 +274,6 @@ def explain_generation(
         ))
     return GenerationTrace(steps=steps, prompt_ids=ids[:cut], row=row, rows=n_rows, beams=beam_indices is not None,
                            has_model=model is not None, tokenizer=tokenizer)
-
-
-def _read_output(output: Any) -> tuple[torch.Tensor, tuple, tuple | None, torch.Tensor | None]:
-    """``sequences``, ``scores``, ``logits`` and ``beam_indices`` of a generate output, checked."""
-    if isinstance(output, torch.Tensor):
-        raise TypeError(
-            "explain_generation needs the output of generate(..., return_dict_in_generate=True, output_scores=True); "
-            f"got a tensor of shape {tuple(output.shape)} (the sequences alone, without the scores)."
-        )
-
-    def read(name: str) -> Any:
-        if hasattr(output, name):  # HF's output classes (attributes win over their dict view)
-            return getattr(output, name)
-        return output.get(name) if isinstance(output, dict) else None
-
-    sequences = read("sequences")
-    if not isinstance(sequences, torch.Tensor):
-        raise TypeError(
-            "explain_generation needs the output of generate(..., return_dict_in_generate=True, output_scores=True), "
-            f"got {type(output).__name__} without a `sequences` tensor."
-        )
-    if sequences.ndim != 2 or sequences.is_floating_point():
-        raise ValueError(f"output.sequences: expected (batch, seq) token ids, got shape {tuple(sequences.shape)} "
-                         f"of {sequences.dtype}.")
-    scores = read("scores")
-    if scores is None:
-        raise ValueError(
-            "output.scores is None: pass output_scores=True to generate (with return_dict_in_generate=True) so the "
-            "processed distribution of every step is kept" + (" (output.logits holds the model's raw logits only)."
-                                                               if read("logits") is not None else ".")
-        )
-    logits = read("logits")
-    for name, value in (("scores", scores), ("logits", logits)):
-        if value is None:
-            continue
-        if not isinstance(value, (tuple, list)) or not all(isinstance(s, torch.Tensor) and s.ndim == 2 for s in value):
-            raise TypeError(f"output.{name}: expected a tuple of (rows, vocab) tensors, one per step.")
-    if logits is not None and len(logits) != len(scores):
-        raise ValueError(f"output.logits has {len(logits)} steps but output.scores has {len(scores)}; pass the output "
-                         "of one generate call.")
-    beam_indices = read("beam_indices")
-    return sequences, tuple(scores), None if logits is None else tuple(logits), beam_indices
-
-
-def _score_rows(sequences: torch.Tensor, scores: tuple, beam_indices: torch.Tensor | None,
-                row: int) -> tuple[list[int], list[bool]]:
-    """For each generated position of ``row``: which row of that step's scores it came from, and padding.
-
-    Mirrors HF's `compute_transition_scores`: without beams a row reads its own row of the scores;
-    with beams, ``beam_indices`` says which, ``-1`` marks the filler after a beam finished, and
-    the generated length is the longest beam's.
-    """
-    steps = len(scores)
-    if beam_indices is None:
-        if steps and scores[0].shape[0] != sequences.shape[0]:
-            raise ValueError(
-                f"output.scores have {scores[0].shape[0]} rows per step but output.sequences has "
-                f"{sequences.shape[0]}; a beam search output needs its beam_indices (output_scores=True keeps them)."
-            )
-        if steps > sequences.shape[1]:
-            raise ValueError(f"output.scores has {steps} steps but output.sequences only {sequences.shape[1]} columns.")
-        return [row] * steps, [False] * steps
-    if beam_indices.shape[0] != sequences.shape[0]:
-        raise ValueError(f"output.beam_indices has {beam_indices.shape[0]} rows but output.sequences has "
-                         f"{sequences.shape[0]}.")
-    length = int((beam_indices >= 0).sum(dim=-1).max()) if beam_indices.numel() else 0
-    if length > min(steps, sequences.shape[1]):
-        raise ValueError(f"output.beam_indices covers {length} steps but output.scores has {steps}.")
-    sources = beam_indices[row, :length].tolist()
-    return [max(s, 0) for s in sources], [s < 0 for s in sources]
-
-
-def _stacked(per_step: tuple, sources: list[int], name: str) -> torch.Tensor:
-    """The traced row of every step as one float32 CPU tensor ``[S, V]`` (one transfer)."""
-    if not sources:
-        width = per_step[0].shape[1] if per_step else 0
-        return torch.zeros(0, width)
-    widths = {s.shape[1] for s in per_step[: len(sources)]}
-    if len(widths) > 1:
-        raise ValueError(f"output.{name}: the vocabulary width changes between steps ({sorted(widths)}).")
-    rows = torch.stack([per_step[t][source] for t, source in enumerate(sources)])  # [S, V]
-    rows = rows.to(device="cpu", dtype=torch.float32)
-    bad = torch.isnan(rows).any(dim=1) | (rows == float("inf")).any(dim=1)  # [S]
-    if bool(bad.any()):
-        step = int(bad.nonzero()[0, 0])
-        raise ValueError(f"output.{name} at step {step} holds NaN or +inf; no distribution can be read from it.")
-    return rows
 
 
 @dataclass
