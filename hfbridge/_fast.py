@@ -36,7 +36,9 @@ Syncs and compilation. On CPU in eager mode, one check (reading a CPU flag, whic
 decides whether the candidates suffice. On other devices and under `torch.compile` only the
 fixed-shape kernels run: no data-dependent Python control flow and no host-device sync (with
 `fullgraph=True`, pass `generator=None` and seed with `torch.manual_seed`: dynamo cannot trace a
-`torch.Generator` argument).
+`torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and `torch.cond` runs the
+radix select only when a row's cut is not among them (`_fixed_shape.py`); eager on an accelerator
+the radix select runs alone, as `torch.cond` would read its flag on the host.
 
 Rows that cannot be sampled. A row whose final scores hold NaN or `+inf`, or nothing above `-inf`,
 has no distribution; HF's `torch.multinomial` fails on it. The fused kernels give such a row an
@@ -70,6 +72,7 @@ from transformers import (
 
 from ._candidates import top_candidates, top_p_candidates, top_p_count
 from ._draw import draw, draw_checked, pick
+from ._fixed_shape import top_p_keep
 from ._processor_list import check_processor_output
 from ._top_p import top_p_mask
 
@@ -178,6 +181,10 @@ class _State:
     that can survive: `(batch, K)` ids, their scores and which survive). Deferring the writes lets
     the draw skip them when nothing after the filter reads the scores.
     """
+
+    # Slots: under torch.compile, torch 2.13's dynamo drops the attribute writes made after a
+    # `torch.cond` (the fixed-shape top-p's) to an object with a `__dict__` created in the graph.
+    __slots__ = ("cand", "cand_keep", "filter_value", "ids", "keep", "probs", "scores", "temperature")
 
     def __init__(self, scores: torch.Tensor) -> None:
         self.scores = scores  # [N, V] float32
@@ -304,5 +311,8 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
             ids, cand, keep = found
             state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
             return
-    keep = top_p_mask(probs, top_p, at_least, scores=scores, branch=candidates)
+    if candidates:
+        keep = top_p_mask(probs, top_p, at_least, scores=scores, branch=True)
+    else:  # fixed shapes: under torch.compile, candidates first, on the device (`_fixed_shape.py`)
+        keep = top_p_keep(scores, probs, top_p, at_least)
     state.filtered(processor.filter_value, keep=keep, probs=probs)
