@@ -75,6 +75,7 @@ from ._draw import draw, draw_checked, pick
 from ._fixed_shape import top_p_keep
 from ._processor_list import check_processor_output
 from ._top_p import top_p_mask
+from ._top_p_sorted import top_p_mask_sorted
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
 
@@ -231,8 +232,14 @@ class _State:
             return self.ids.gather(1, index[:, None]).squeeze(1), valid
         if self.keep is not None and self.probs is not None and self.filter_value == _NEG_INF:
             # in place: nothing reads `probs` after the draw (the error message uses `scores`)
-            return draw_checked(self.probs.masked_fill_(~self.keep, 0.0), generator)
+            return draw_checked(_zero_removed(self.probs, self.keep), generator)
         return draw_checked(torch.softmax(self.materialize(), dim=-1), generator)
+
+
+def _zero_removed(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """`probs` with 0 where `keep` is False, in place: a multiply by the mask's bytes, which costs
+    a fifth of `masked_fill_` on CPU. A removed probability is never NaN or inf, so 0 it is."""
+    return probs.mul_(keep.view(torch.uint8))
 
 
 def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, candidates: bool | None,
@@ -311,7 +318,9 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
             ids, cand, keep = found
             state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
             return
-    if candidates:
+    if candidates and probs.device.type == "cpu":
+        keep = top_p_mask_sorted(probs, top_p, at_least, scores=scores)
+    elif candidates:
         keep = top_p_mask(probs, top_p, at_least, scores=scores, branch=True)
     else:  # fixed shapes: under torch.compile, candidates first, on the device (`_fixed_shape.py`)
         keep = top_p_keep(scores, probs, top_p, at_least)
