@@ -26,7 +26,7 @@ from ._top_p import float32, rounds_at_most
 
 __all__ = ["top_p_mask_sorted"]
 
-_CHUNK = 1 << 18  # elements sorted at a time: one reused buffer, a fraction of the input
+_CHUNK = 1 << 19  # elements sorted at a time: one reused buffer, a fraction of the input
 _BLOCK = 1024  # tokens per block of the running sum: block totals first, then one block token by token
 
 
@@ -59,14 +59,23 @@ def top_p_mask_sorted(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int
     rows = max(1, _CHUNK // max(vocab, 1))
     buffer = np.empty((min(rows, n), vocab), np.float32)
     for start in range(0, n, rows):
-        part = buffer[: min(rows, n - start)]  # [R, V]
-        np.copyto(part, p[start:start + rows])
+        source = p[start:start + rows]  # [R, V]
+        part = buffer[: source.shape[0]]
+        # Only the smallest tokens, up to the cut, need their order: the others are lowered to a
+        # ceiling estimated from a sample (sorting equal values is cheap). If the cut lands on the
+        # ceiling after all, the row is sorted again whole.
+        ceiling = _ceiling(source, cut)  # [R, 1]
+        np.minimum(source, ceiling, out=part)
         # Non-negative floats order as their bits: sorting those as int32 is faster. A NaN sorts
         # first (sign bit set) or last.
         part.view(np.int32).sort(axis=-1)
-        nan = np.isnan(part[:, 0]) | np.isnan(part[:, -1])  # [R]
-        first = vocab - np.maximum(vocab - _count_removed(part, cut, inclusive), at_least)  # [R] first kept
+        first = _first_kept(part, cut, inclusive, at_least)  # [R] index of the smallest kept token
         r = np.arange(part.shape[0])
+        for i in np.flatnonzero(part[r, first] >= ceiling[:, 0]):
+            np.copyto(part[i], source[i])
+            part[i].view(np.int32).sort()
+            first[i] = _first_kept(part[i:i + 1], cut, inclusive, at_least)[0]
+        nan = np.isnan(part[:, 0]) | np.isnan(part[:, -1])  # [R]
         boundary[start:start + part.shape[0], 0] = np.where(nan, -np.inf, part[r, first])
         below = part[r, np.maximum(first - 1, 0)]  # [R] the largest removed probability
         for i in np.flatnonzero((first > 0) & (below == part[r, first]) & ~nan):
@@ -81,6 +90,33 @@ def top_p_mask_sorted(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int
     return torch.from_numpy(keep)
 
 
+_SAMPLE = 128  # every 128th token estimates where the cut lies
+
+
+def _ceiling(source: np.ndarray, cut: float) -> np.ndarray:
+    """`(rows, 1)` float32 above the cut's probability in each row, likely: from a sorted sample,
+    the probability at which the sample's running sum (scaled) passes the cut by a wide margin.
+    +inf (no ceiling) for short rows and where the sample runs out."""
+    rows, vocab = source.shape
+    if vocab < 64 * _SAMPLE:
+        return np.full((rows, 1), np.inf, np.float32)
+    sample = np.ascontiguousarray(source[:, ::_SAMPLE])  # [R, S]
+    sample.view(np.int32).sort(axis=-1)
+    estimate = np.cumsum(sample, axis=-1, dtype=np.float64) * _SAMPLE  # [R, S]
+    rank = (estimate < cut).sum(axis=-1)  # [R]
+    rank += rank // 4 + 8  # about +25% of the mass below: several standard errors of the estimate
+    out = np.full((rows, 1), np.inf, np.float32)
+    inside = rank < sample.shape[1]
+    out[inside, 0] = sample[inside, rank[inside]]
+    return out
+
+
+def _first_kept(part: np.ndarray, cut: float, inclusive: bool, at_least: int) -> np.ndarray:
+    """`(rows,)` index of the first token HF keeps in the ascending rows `part`."""
+    vocab = part.shape[1]
+    return vocab - np.maximum(vocab - _count_removed(part, cut, inclusive), at_least)
+
+
 def _count_removed(part: np.ndarray, cut: float, inclusive: bool) -> np.ndarray:
     """`(rows,)` how many of the sorted `part`'s leading tokens HF removes: running sums (float64)
     that round to float32 `<= 1 - top_p` (`< cut`, or `<= cut` when inclusive).
@@ -89,11 +125,25 @@ def _count_removed(part: np.ndarray, cut: float, inclusive: bool) -> np.ndarray:
     running sum is removed, then the tokens of the next block, summed one by one.
     """
     rows, vocab = part.shape
-    whole = vocab // _BLOCK * _BLOCK
-    totals = part[:, :whole].reshape(rows, -1, _BLOCK).sum(axis=-1, dtype=np.float64)  # [R, B]
-    if whole < vocab:
-        totals = np.concatenate([totals, part[:, whole:].sum(axis=-1, dtype=np.float64, keepdims=True)], axis=-1)
-    ends = np.cumsum(totals, axis=-1)  # [R, B] running sum at each block's last token
+    count = -(-vocab // _BLOCK)  # blocks, the last one maybe short
+    ends = np.full((rows, count), np.inf)  # [R, B] running sum at each block's last token
+    done = 0
+    for stop in [count * k // 8 for k in range(1, 9)]:  # the running sum crosses early: sum only that far
+        if stop <= done:
+            continue
+        lo, hi = done * _BLOCK, min(stop * _BLOCK, vocab)
+        full = (hi - lo) // _BLOCK
+        totals = part[:, lo:lo + full * _BLOCK].reshape(rows, full, _BLOCK).sum(axis=-1, dtype=np.float64)
+        if lo + full * _BLOCK < hi:
+            totals = np.concatenate([totals, part[:, lo + full * _BLOCK:hi].sum(axis=-1, dtype=np.float64,
+                                                                             keepdims=True)], axis=-1)
+        if done:
+            totals[:, 0] += ends[:, done - 1]  # carry on the running sum, as one `cumsum` would
+        np.cumsum(totals, axis=-1, out=ends[:, done:stop])
+        done = stop
+        last = ends[:, done - 1]
+        if not (last <= cut if inclusive else last < cut).any():  # NaN: crossed, never removed
+            break
     blocks = (ends <= cut if inclusive else ends < cut).sum(axis=-1)  # [R] blocks removed whole
     before = np.where(blocks > 0, ends[np.arange(rows), np.maximum(blocks - 1, 0)], 0.0)  # [R]
     index = blocks[:, None] * _BLOCK + np.arange(_BLOCK)  # [R, BLOCK] the next block's tokens

@@ -8,7 +8,7 @@ import torch
 from transformers.generation import logits_process as hf
 
 from hfbridge import _top_p_sorted
-from hfbridge._top_p import top_p_mask
+from hfbridge._top_p import float32, rounds_at_most, top_p_mask
 from hfbridge._top_p_sorted import top_p_mask_sorted
 
 NEG_INF = float("-inf")
@@ -50,6 +50,21 @@ def test_flat_rows_at_full_size_equal_hf():
     x = rows(2, 32000, seed=3) / 0.8
     probs = torch.softmax(x, dim=-1)
     assert torch.equal(top_p_mask_sorted(probs, 0.9, scores=x), hf_keep(x, 0.9))
+
+
+def test_rows_that_mislead_the_sample_are_sorted_whole():
+    # Only the tokens up to the cut are sorted in order, under a ceiling estimated from every 128th
+    # token; a row whose sample misleads is sorted again whole, with the same result.
+    x = rows(3, 20000, seed=9)
+    x[0, ::_top_p_sorted._SAMPLE] += 8.0  # the sample sees big tokens only, and the cut lies among them
+    x[1, ::_top_p_sorted._SAMPLE] -= 30.0  # ... tiny ones only: no ceiling at all
+    probs = torch.softmax(x, dim=-1)
+    expected = hf_keep(x, 0.9)
+    cut = rounds_at_most(float32(0.1))[0]
+    ceiling = torch.from_numpy(_top_p_sorted._ceiling(probs.numpy(), cut))[:, 0]
+    assert ceiling[0] < probs[0][expected[0]].min() and ceiling[1] == float("inf") and ceiling[2] < 1
+    assert torch.equal(top_p_mask_sorted(probs, 0.9, scores=x), expected)
+    assert torch.equal(top_p_mask_sorted(probs, 0.9, scores=x), top_p_mask(probs, 0.9, scores=x))
 
 
 def test_ties_split_by_the_cut_keep_the_highest_scores():
