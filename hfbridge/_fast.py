@@ -39,6 +39,7 @@ fixed-shape kernels run: no data-dependent Python control flow and no host-devic
 `torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and `torch.cond` runs the
 radix select only when a row's cut is not among them (`_fixed_shape.py`); eager on an accelerator
 the radix select runs alone, as `torch.cond` would read its flag on the host.
+`with accelerator_route():` (`_routes.py`) runs that eager accelerator route on CPU too.
 
 Rows that cannot be sampled. A row whose final scores hold NaN or `+inf`, or nothing above `-inf`,
 has no distribution; HF's `torch.multinomial` fails on it. The fused kernels give such a row an
@@ -74,6 +75,7 @@ from ._candidates import top_candidates, top_p_candidates, top_p_count
 from ._draw import draw, draw_checked, pick
 from ._fixed_shape import top_p_keep
 from ._processor_list import check_processor_output
+from ._routes import cpu_shortcuts
 from ._top_p import top_p_mask
 from ._top_p_sorted import top_p_mask_sorted
 
@@ -91,7 +93,7 @@ def fast_scores(input_ids: torch.Tensor | None, scores: torch.Tensor,
         scores: `(batch, vocab)` float32 scores, a private copy: it is modified in place.
         processors: The `LogitsProcessorList`, in HF's order.
         candidates: Try the candidate shortcut (needs one data-dependent check). Default: on CPU
-            outside `torch.compile`. False always runs the fixed-shape kernels.
+            outside `torch.compile` and `accelerator_route()`. False always runs the fixed-shape kernels.
 
     Returns:
         `(batch, vocab)` scores, with each filter's `filter_value` where HF's filter removes a token.
@@ -248,7 +250,7 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
         got = f"{scores.dtype} of shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores)
         raise ValueError(f"`scores` must be a float32 tensor of shape (batch, vocab), got {got}.")
     if candidates is None:
-        candidates = scores.device.type == "cpu" and not torch.compiler.is_compiling()
+        candidates = cpu_shortcuts(scores)
     state = _State(scores)
     for index, processor in enumerate(processors):
         kind = type(processor)

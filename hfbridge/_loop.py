@@ -20,6 +20,7 @@ from transformers import StoppingCriteriaList
 from ._finished import FinishedRows, InvalidRows
 from ._models import AdapterTypeError, ModelAdapter
 from ._processor_list import BadProcessorOutput
+from ._routes import greedy_choice
 from ._step import Sampler, extract_logits
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,6 +62,8 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     pad_token = call.config._pad_token_tensor
     pads_finished_rows = pads_finished(call.criteria)
     use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
+    # plain greedy: HF's argmax straight on the model's logits, no copy
+    plain_greedy = not (sampler.processors or sampler.do_sample) and call.scores is None and call.raw_logits is None
     finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
                             synced=options.synced)
     # the step's logits are still at hand when its flags are read at the same step
@@ -91,7 +94,11 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
                 f"generate(): at step {step} the model returned logits with {view.shape[1]} vocabulary columns, "
                 f"but {vocab} at step 0; the vocabulary size must stay the same."
             )
-        tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
+        if plain_greedy:
+            tokens, best = greedy_choice(view)  # [N], [N]: the best score is the validity check
+            finished.note_invalid(step, best, _explain_greedy(sampler, best, view, view) if explain_now else None)
+        else:
+            tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
         del outputs, view
         if pads_finished_rows:
             # finished sentences get the padding token, as HF's `_sample` (`where` gives the same ids)
@@ -134,18 +141,30 @@ def _cut(call: _Call, length: int | None) -> None:
 
 def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
     """The model call (and the adapter's state update); its exceptions get the step as a note."""
-    outputs, call.state = forward_and_update(adapter, call.sequences, call.state, step,
-                                             f"{call.sequences.shape[1]} tokens so far, {step} generated")
+    outputs, call.state = forward_and_update(adapter, call.sequences, call.state, step, _Progress(call, step))
     return outputs
 
 
+class _Progress:
+    """The note's `context` for a failing model call, written only if it fails."""
+
+    __slots__ = ("length", "step")
+
+    def __init__(self, call: _Call, step: int):
+        self.length, self.step = call.sequences.shape[1], step
+
+    def __str__(self) -> str:
+        return f"{self.length} tokens so far, {self.step} generated"
+
+
 def forward_and_update(adapter: ModelAdapter, input_ids: torch.Tensor, state: dict[str, Any], step: int,
-                       context: str, check: Callable[[dict[str, Any]], None] | None = None
+                       context: object, check: Callable[[dict[str, Any]], None] | None = None
                        ) -> tuple[Any, dict[str, Any]]:
     """One model call through `adapter` and its state update, for every loop (hfbridge's and HF's on a host).
 
     An `AdapterTypeError` becomes a `TypeError` naming the step; anything else the model, the adapter
-    or `check` (run on the new state) raises propagates with a note naming the step and `context`.
+    or `check` (run on the new state) raises propagates with a note naming the step and `context`
+    (a string, or an object whose `str` is written only then).
     """
     try:
         outputs = adapter.forward(input_ids, state)
@@ -167,9 +186,6 @@ def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fa
     `view` is the model's last-position logits `(rows, vocab)`: read, never written. The validity
     of each row goes to `finished`, which checks it at its next read.
     """
-    def explain(bad: Callable[[], torch.Tensor], scores: torch.Tensor) -> Callable[[], None] | None:
-        return (lambda: sampler._raise_bad_rows(bad(), view, scores)) if explain_now else None
-
     try:
         if use_fast:
             if call.raw_logits is not None:
@@ -179,10 +195,6 @@ def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fa
             flag = sampler.invalid_rows  # [N] bool on the device
             assert flag is not None  # set by every fast next_tokens call
             finished.note_invalid(step, flag, (lambda: sampler.check_rows(True)) if explain_now else None)
-            return tokens
-        if not sampler.processors and not sampler.do_sample and call.scores is None and call.raw_logits is None:
-            best, tokens = view.max(dim=-1)  # plain greedy: HF's argmax, without copying the logits
-            finished.note_invalid(step, best, explain(lambda: ~(best > _NEG_INF), view))
             return tokens
         scores = _float_copy(view)  # [N, V]: the processors may write into it
         if call.raw_logits is not None:
@@ -198,9 +210,15 @@ def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fa
         call.scores += (scores,)
     if sampler.do_sample:
         return at_step(step, lambda: sampler.choose(scores, raw=view))  # torch.multinomial checks its input
-    best, tokens = scores.max(dim=-1)  # [N], [N]: the max is the validity check too
-    finished.note_invalid(step, best, explain(lambda: ~(best > _NEG_INF), scores))
+    tokens, best = greedy_choice(scores)  # [N], [N]: the best score is the validity check too
+    finished.note_invalid(step, best, _explain_greedy(sampler, best, view, scores) if explain_now else None)
     return tokens
+
+
+def _explain_greedy(sampler: Sampler, best: torch.Tensor, raw: torch.Tensor,
+                    scores: torch.Tensor) -> Callable[[], None]:
+    """Raise exact mode's error for the rows whose best score is NaN or -inf (the error path)."""
+    return lambda: sampler._raise_bad_rows(~(best > _NEG_INF), raw, scores)
 
 
 def _float_copy(rows: torch.Tensor) -> torch.Tensor:
@@ -241,8 +259,12 @@ def at_step(step: int, action: Callable[[], Any]) -> Any:
 
 def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, expand: int) -> torch.Tensor:
     """The last position's logits `(rows, vocab)`, a view of the model's output, with the row count checked."""
-    logits = at_step(step, lambda: extract_logits(output))
-    rows = at_step(step, lambda: sampler.last_rows(logits))
+    try:
+        logits = extract_logits(output)
+        rows = sampler.last_rows(logits)
+    except (ValueError, TypeError) as error:  # as `at_step`, without a closure per step
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        raise kind(f"generate(): at step {step}: {error}") from None
     if rows.shape[0] != expected:
         layout = sampler.layout_of(logits).pattern
         raise ValueError(

@@ -20,6 +20,7 @@ from ._layout import Layout, LayoutLike, from_rows, rows_of
 from ._option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
 from ._processor_list import processor_name
 from ._processors import make_generation_config, processors_for_config
+from ._routes import greedy_choice, ids_outside
 from ._row_errors import invalid_rows_error
 
 
@@ -57,7 +58,7 @@ def extract_logits(output: Any) -> torch.Tensor:
 
 
 def _check_not_meta(logits: torch.Tensor) -> None:
-    if logits.device.type == "meta":
+    if logits.is_meta:
         raise ValueError(
             f"`logits` of shape {tuple(logits.shape)} are on the meta device: they have a shape but no values, so "
             "there is nothing to choose from. Run the model on a real device (load or materialize its weights "
@@ -367,14 +368,12 @@ class Sampler:
             )
         # [N, T]: a private copy for processors (they may be user code); no processor, no reader
         ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=bool(self._processors))
-        if vocab is not None and ids.numel():
-            low, high = torch.stack(torch.aminmax(ids)).tolist()  # one pass, one sync
-            if low < 0 or high >= vocab:
-                bad = int(ids[(ids < 0) | (ids >= vocab)][0])
-                raise ValueError(
-                    f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
-                    f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size})."
-                )
+        if vocab is not None and ids.numel() and ids_outside(ids, vocab):  # one pass, one host read
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+            raise ValueError(
+                f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
+                f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size})."
+            )
         return ids
 
     def _processors_on(self, device: torch.device) -> LogitsProcessorList:
@@ -414,7 +413,7 @@ class Sampler:
         from the processors'.
         """
         if not self.do_sample:
-            best, tokens = scores.max(dim=-1)  # the max doubles as the validity check
+            tokens, best = greedy_choice(scores)  # the best score doubles as the validity check
             self._check_best(best, scores, raw)
             return tokens
         self._check_generator(scores.device)

@@ -13,11 +13,21 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from _host_reads import HostReads
-from transformers import LogitsProcessor, TextStreamer
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TextStreamer,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 import hfbridge._finished
 import hfbridge._lockstep
 from hfbridge import InputPos, ReturnsCache, generate
+from hfbridge._fast import fast_draw
+from hfbridge._routes import accelerator_route, greedy_choice
 
 from _tiny_models import char_tokenizer
 
@@ -51,17 +61,31 @@ class Successor:
 
 
 def reads_per_step(model_factory, prompt, **options) -> float:
-    """Host reads of one decode step: the difference between two lengths, so that the per-call
-    reads (argument checks, the prompt's id range) cancel."""
+    """Host reads of one decode step on the route an accelerator runs (each read there is a sync):
+    the difference between two lengths, so that the per-call reads (argument checks, the prompt's
+    id range) cancel. (On CPU eager, `_routes.py`'s shortcuts read CPU memory besides.)"""
     counts = []
     for new in (6, 14):
-        with HostReads() as reads:
+        with HostReads() as reads, accelerator_route():
             generate(model_factory(), prompt, max_new_tokens=new, min_new_tokens=new, **options)
         counts.append(reads.count)
     return (counts[1] - counts[0]) / 8
 
 
 PROMPT = torch.tensor([[1, 2, 3], [4, 5, 6]])
+
+
+class Wide:
+    """A table model over 4096 tokens: wide enough for the fast path's candidate route on CPU."""
+
+    def __init__(self):
+        self.table = torch.randn(64, 4096, generator=torch.Generator().manual_seed(1))
+
+    def __call__(self, idx):
+        return self.table[idx % 64]
+
+
+FAST = dict(do_sample=True, temperature=0.7, fast=True)
 
 
 @pytest.mark.parametrize("options", [
@@ -72,23 +96,93 @@ PROMPT = torch.tensor([[1, 2, 3], [4, 5, 6]])
     dict(do_sample=True, temperature=0.7, top_k=0, min_p=0.1, eos_token_id=EOS, fast=True),
 ], ids=["greedy", "greedy+eos", "greedy+processors", "fast", "fast+min_p+eos"])
 def test_at_most_one_host_read_per_step(options):
-    assert reads_per_step(Table, PROMPT, **options) <= 1
+    assert reads_per_step(Table, PROMPT, **options) == 1
+
+
+# On the accelerator route the fast path runs its fixed-shape kernels (on CPU eager, a few data-dependent
+# checks of CPU memory pick the candidate route instead; see the next test).
+@pytest.mark.parametrize("options, expected", [
+    (dict(), 1),
+    (dict(eos_token_id=EOS), 1),
+    (dict(eos_token_id=EOS, check_every=4), 0.25),
+    (dict(**FAST, top_k=50), 1),  # the validity flags: read with the length limit's last step too
+    (dict(**FAST, top_k=50, eos_token_id=EOS), 1),
+    (dict(**FAST, top_k=0, top_p=0.9, eos_token_id=EOS), 1),
+    (dict(**FAST, top_k=0, min_p=0.1, eos_token_id=EOS), 1),
+    (dict(**FAST, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.2, eos_token_id=EOS), 1),
+    (dict(**FAST, top_k=50, eos_token_id=EOS, check_every=4), 0.25),
+    (dict(**FAST, top_k=0, top_p=0.9, eos_token_id=EOS, check_every=4), 0.25),
+    (dict(**FAST, top_k=0, min_p=0.1, eos_token_id=EOS, check_every=4), 0.25),
+    (dict(do_sample=True, top_k=5, eos_token_id=EOS), 2),  # exact: torch.multinomial's own check, then ours
+    (dict(do_sample=True, top_k=5, eos_token_id=EOS, check_every=4), 1.25),
+], ids=["greedy", "greedy+eos", "greedy+check_every", "top_k", "top_k+eos", "top_p+eos", "min_p+eos",
+        "all+eos", "top_k+check_every", "top_p+check_every", "min_p+check_every", "exact", "exact+check_every"])
+def test_host_reads_per_step_on_the_accelerator_route(options, expected):
+    assert reads_per_step(Wide, PROMPT, **options) == expected
+
+
+@pytest.mark.parametrize("processors", [
+    [TemperatureLogitsWarper(0.7), TopKLogitsWarper(50)],
+    [TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)],
+    [TemperatureLogitsWarper(0.7), MinPLogitsWarper(0.1)],
+    [TopKLogitsWarper(50), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)],
+], ids=["top_k", "top_p", "min_p", "all"])
+def test_the_fast_step_reads_no_value_off_the_cpu(processors):
+    """The candidate route's checks read CPU memory only: on any other device the fast step runs
+    its fixed-shape kernels. The meta device has shapes and no values (a read raises), so the step
+    running through there reads nothing; on CPU `accelerator_route()` forces the same kernels."""
+    meta = fast_draw(None, torch.empty(3, 4096, device="meta"), LogitsProcessorList(processors))
+    assert meta.tokens.shape == meta.valid.shape == (3,) and meta.tokens.device.type == "meta"
+    scores = torch.randn(3, 4096, generator=torch.Generator().manual_seed(0))
+    with HostReads() as reads, accelerator_route():
+        fast_draw(None, scores, LogitsProcessorList(processors))
+    assert reads.count == 0
+
+
+def test_greedy_reads_the_logits_through_numpy_on_cpu_only():
+    """On CPU eager, greedy's argmax is numpy's (one read of CPU memory, no sync); elsewhere torch's."""
+    rows = torch.randn(3, 4096, generator=torch.Generator().manual_seed(0))
+    rows[1, 5] = rows[1, 9] = float("nan")  # argmax gives the first NaN, as torch's
+    rows[2, 7] = rows[2, 3] = 9.0  # ties: the first
+    with HostReads() as cpu:
+        tokens, best = greedy_choice(rows)
+    with HostReads() as accelerator, accelerator_route():
+        route_tokens, route_best = greedy_choice(rows)
+    meta_tokens, meta_best = greedy_choice(torch.empty(3, 4096, device="meta"))  # a read would raise
+    assert dict(cpu.ops) == {"numpy": 1} and accelerator.count == 0
+    expected_best, expected = rows.max(dim=-1)
+    assert tokens.tolist() == route_tokens.tolist() == expected.tolist() and tokens[1:].tolist() == [5, 3]
+    assert tokens.dtype == route_tokens.dtype == torch.long
+    assert torch.equal(best.nan_to_num(), expected_best.nan_to_num()) and best[1].isnan()
+    assert torch.equal(route_best.nan_to_num(), expected_best.nan_to_num())
+    assert meta_tokens.shape == meta_best.shape == (3,) and meta_tokens.device.type == "meta"
+
+
+def test_cpu_greedy_loop_reads_cpu_memory_only():
+    """The CPU route of the greedy loop: numpy's argmax (CPU memory) besides the one read per step."""
+    counts = []
+    for new in (6, 14):
+        with HostReads() as reads:
+            generate(Wide(), PROMPT, max_new_tokens=new, min_new_tokens=new, eos_token_id=EOS)
+        counts.append(reads.ops)
+    per_step = {op: (counts[1][op] - counts[0][op]) / 8 for op in counts[1]}
+    assert {op: count for op, count in per_step.items() if count} == {"numpy": 1, "tolist": 1}
 
 
 def test_exact_sampling_reads_only_in_torch_multinomial():
     per_step = reads_per_step(Table, PROMPT, do_sample=True, top_k=5, eos_token_id=EOS)
-    assert per_step <= 2  # multinomial's own check + the finished-rows read
+    assert per_step == 2  # multinomial's own check + the finished-rows read
 
 
 def test_check_every_reads_less():
-    assert reads_per_step(Table, PROMPT, eos_token_id=EOS, check_every=4) <= 0.25
+    assert reads_per_step(Table, PROMPT, eos_token_id=EOS, check_every=4) == 0.25
 
 
 def test_the_length_limit_needs_no_read():
     """Without eos or other criteria only the length ends the loop; in sampling nothing is read."""
-    with HostReads() as short:
+    with HostReads() as short, accelerator_route():
         generate(Table(), PROMPT, max_new_tokens=3, do_sample=True, temperature=0.7, top_k=0, fast=True)
-    with HostReads() as long:
+    with HostReads() as long, accelerator_route():
         generate(Table(), PROMPT, max_new_tokens=30, do_sample=True, temperature=0.7, top_k=0, fast=True)
     assert long.count - short.count <= 27 * 1 and short.ops.get("tolist", 0) <= 4
 
