@@ -128,7 +128,8 @@ def overhead(clock, repeats: int, quick: bool) -> float:
         "generate": lambda new: generate(model, prompt, max_new_tokens=new),
         "generate (accelerator route)": accelerator_generate,
     }
-    runs = {f"{name} {new}": (lambda run=run, new=new: run(new)) for name, run in variants.items() for new in (short, long)}
+    runs = {f"{name} {new}": (lambda run=run, new=new: run(new))
+            for name, run in variants.items() for new in (short, long)}
     measured = rounds(clock, runs, 3 * repeats)
     for run in variants.values():
         assert torch.equal(bare_loop(model, prompt, short), run(short))
@@ -137,8 +138,8 @@ def overhead(clock, repeats: int, quick: bool) -> float:
         return (seconds[f"{name} {long}"] - seconds[f"{name} {short}"]) / steps
     per_step = {name: statistics.median(slope(r, name) for r in measured) for name in variants}
     extra = {name: statistics.median(slope(r, name) - slope(r, "bare") for r in measured) for name in variants}
-    setup = statistics.median(r[f"generate {short}"] - r[f"bare {short}"] - short * (slope(r, "generate") - slope(r, "bare"))
-                              for r in measured)
+    setup = statistics.median(r[f"generate {short}"] - r[f"bare {short}"]
+                              - short * (slope(r, "generate") - slope(r, "bare")) for r in measured)
     print("### 1. Loop overhead: greedy, B=1, a one-row-lookup model (V=32000)\n")
     print(f"Slopes between {short} and {long} new tokens, paired per round ({len(measured)} rounds, rotating order), "
           "medians. The bare loop is `model(ids)`, `logits[:, -1].argmax(-1)`, `torch.cat`. On CPU `generate`'s "

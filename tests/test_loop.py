@@ -25,6 +25,7 @@ from transformers import (
 
 import hfbridge._finished
 import hfbridge._lockstep
+import hfbridge._routes
 from hfbridge import InputPos, ReturnsCache, generate
 from hfbridge._fast import fast_draw
 from hfbridge._routes import accelerator_route, greedy_choice
@@ -440,7 +441,8 @@ def test_synced_gpus_two_gloo_ranks():
     assert got[0][3][1] == got[1][3][1] >= 6
 
 
-@pytest.mark.parametrize("module", [hfbridge._finished, hfbridge._lockstep], ids=lambda module: module.__name__)
+@pytest.mark.parametrize("module", [hfbridge._finished, hfbridge._lockstep, hfbridge._routes],
+                         ids=lambda module: module.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
