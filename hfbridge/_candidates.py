@@ -11,11 +11,13 @@ row); `top_p_count` finds HF's cut among them; `top_p_candidates` tries growing 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ._top_p import float32, rounds_at_most
 
-__all__ = ["certified_total", "top_candidates", "top_p_candidates", "top_p_count"]
+__all__ = ["TopPTry", "Total", "certified_total", "top_candidates", "top_p_candidates", "top_p_count"]
 
 _NEG_INF = float("-inf")
 
@@ -23,9 +25,10 @@ _NEG_INF = float("-inf")
 def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `k` largest scores per row, sorted descending, ties by ascending token id.
 
-    `torch.topk` (a selection, not a sort of the row), then the k winners re-sorted so that equal
-    scores come in id order. Which of several tokens tied at the k-th value are returned is
-    unspecified, as in `torch.topk`.
+    `torch.topk` (a selection, not a sort of the row; at large vocabularies through group maxima),
+    then, if some of the k winners have equal scores, re-sorted so that those come in id order.
+    Which of several tokens tied at the k-th value are returned is unspecified, as in `torch.topk`.
+    CPU eager (reads one flag).
 
     Args:
         scores: `(batch, vocab)` float32.
@@ -42,6 +45,8 @@ def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
         cand, ids = _grouped_topk(scores, k)  # [N, k]
     else:
         cand, ids = _block_topk(scores, k)
+    if not bool((cand[:, 1:] == cand[:, :-1]).any()):
+        return cand, ids  # no equal scores: nothing to put in id order
     ids, order = ids.sort(dim=-1)
     cand, order = cand.gather(1, order).sort(dim=-1, descending=True, stable=True)
     return cand, ids.gather(1, order)
@@ -106,9 +111,37 @@ def _grouped_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 _CANDIDATES = (64, 512)  # top-p candidate counts tried on CPU before the radix select
 
 
+class TopPTry(NamedTuple):
+    """The last candidate set `top_p_candidates` tried, each `(batch, K)`, scores descending.
+
+    `kept[r]` candidates of row r survive HF's top-p, counted with the exact float64 total; when
+    `proved`, no other token of any row does. When not, `kept` still says which candidates surely
+    survive: those above the K-th score (a non-candidate may tie with it) among the first `kept`.
+    """
+
+    ids: torch.Tensor  # [N, K] int64
+    cand: torch.Tensor  # [N, K] float32 scores, descending
+    picked: torch.Tensor  # [N, K] float32 probabilities
+    kept: torch.Tensor  # [N, 1] int64
+    proved: bool
+    total: Total | None  # the probabilities' certified total (None when K is the vocabulary)
+
+    def keep(self) -> torch.Tensor:
+        """`(batch, K)` bool: the candidates that survive (all that do, when `proved`)."""
+        return torch.arange(self.ids.shape[1], device=self.ids.device) < self.kept
+
+    def surely_kept(self) -> torch.Tensor:
+        """`(batch, K)` bool: candidates that survive whatever the tokens outside the set."""
+        return self.keep() & (self.cand > self.cand[:, -1:])
+
+    def decided(self) -> torch.Tensor:
+        """`(batch, 1)` bool: rows where no token outside the candidates survives."""
+        return (self.kept < self.ids.shape[1]) & (self.cand.gather(1, self.kept - 1) > self.cand[:, -1:])
+
+
 def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
-                     memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """HF's top-p cut among the best-scoring candidates, when a check proves they hold it; else None.
+                     memo: dict | None = None) -> TopPTry | None:
+    """HF's top-p cut among the best-scoring candidates, and whether a check proves they hold it.
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
     steps, a size too small for the last step is not tried (successive steps look alike). That
@@ -121,12 +154,13 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
         memo: A dict kept by the caller between steps, or None.
 
     Returns:
-        `(ids, cand, keep)`, each `(batch, K)`: candidate ids and scores (descending) and which
-        survive; or None when the candidates cannot prove the cut.
+        The last try (`TopPTry`): `proved` when the candidates hold the cut in every row. None
+        when no size could be tried (`min_tokens_to_keep` too large).
     """
     vocab = scores.shape[-1]
     memo = {} if memo is None else memo
     total = None
+    last_try = None
     sizes = [k for k in _CANDIDATES if k == _CANDIDATES[0] or 8 * k <= vocab]
     last = memo.get("kept")
     if last is not None:  # successive steps look alike: start where the last one ended
@@ -144,16 +178,16 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
         else:
             kept = top_p_count(picked, torch.zeros_like(picked[:, :1], dtype=torch.float64), top_p, at_least)
         # Certain only if the last kept candidate is above every token that is not a candidate.
-        cut = cand.gather(1, kept - 1)  # [N, 1]
-        if k == vocab or bool(((kept < k) & (cut > cand[:, -1:])).all()):
+        last_try = TopPTry(ids, cand, picked, kept, False, total)
+        if k == vocab or bool(last_try.decided().all()):
             memo["kept"] = int(kept.max())
-            return ids, cand, torch.arange(k, device=cand.device) < kept
+            return last_try._replace(proved=True)
         # A larger try can only succeed if its extra tokens, none above the k-th, could reach top_p.
         reach = picked.double().sum(dim=-1) + (_CANDIDATES[-1] - k) * picked[:, -1].double()
         if k == vocab or not bool((reach > top_p).all()):
             break
-    memo["kept"] = None
-    return None
+    memo["kept"] = None if last_try is None else _CANDIDATES[-1] + 1  # next step: skip the small try
+    return last_try
 
 
 _BLOCK = 16  # probabilities per float32 partial sum in `certified_total`
@@ -162,17 +196,24 @@ _BLOCK = 16  # probabilities per float32 partial sum in `certified_total`
 _SLACK = 16 * 2.0**-24
 
 
-def certified_total(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(total, slack)`, each `(batch, 1)` float64: the float64 sum of each row's probabilities lies
-    within `total +- slack`.
+class Total(NamedTuple):
+    """What `certified_total` returns: the float64 sum of each row lies within `approx +- slack`."""
+
+    approx: torch.Tensor  # [N, 1] float64
+    slack: torch.Tensor  # [N, 1] float64
+    partial: torch.Tensor | None  # [N, V / 16] float32 sums of 16 consecutive tokens (None if V % 16)
+
+
+def certified_total(probs: torch.Tensor) -> Total:
+    """The sum of each row of `probs` (>= 0), within a rigorous bound of the exact float64 sum.
 
     The exact float64 sum (`sum(dtype=torch.float64)`) costs about four reads of the row on CPU;
     float32 sums of 16 numbers (one BLAS pass), added up in float64, cost one, and their error has a
     rigorous bound (every term is >= 0). `_count_with_total` recomputes exactly only the rows whose
     count the slack leaves open.
 
-    >>> total, slack = certified_total(torch.full((1, 64), 1 / 64))
-    >>> abs(float(total) - 1.0) <= float(slack)
+    >>> total = certified_total(torch.full((1, 64), 1 / 64))
+    >>> abs(float(total.approx) - 1.0) <= float(total.slack)
     True
     """
     n, vocab = probs.shape
@@ -186,15 +227,15 @@ def certified_total(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if full < vocab:
         total = total + probs[:, full:].sum(dim=-1, keepdim=True, dtype=torch.float64)
     # 1e-30: room for a BLAS that flushes subnormal terms to zero
-    return total, total * _SLACK + 1e-30
+    return Total(total, total * _SLACK + 1e-30, partial if full == vocab else None)
 
 
-def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: tuple[torch.Tensor, torch.Tensor],
-                      top_p: float, at_least: int) -> torch.Tensor:
+def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, top_p: float,
+                      at_least: int) -> torch.Tensor:
     """`top_p_count` of the candidates `picked` with the mass below them taken from a certified
     total: the count at both ends of the total's interval, and the exact float64 total (summed as
     HF's cumsum accumulates) for the rows where the two differ."""
-    approx, slack = total
+    approx, slack, _ = total
     mass = picked.double().sum(dim=-1, keepdim=True)  # [N, 1]
     low = top_p_count(picked, (approx - slack - mass).clamp_(min=0), top_p, at_least)
     high = top_p_count(picked, (approx + slack - mass).clamp_(min=0), top_p, at_least)

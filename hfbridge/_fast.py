@@ -6,13 +6,19 @@ place. Known processors are matched by exact type (a subclass that overrides `__
 through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) are read from them:
 
 - `TemperatureLogitsWarper`: the same `scores / temperature`, deferred: a top-k right after it
-  divides only its candidates (dividing by a positive number keeps the order).
+  divides only its candidates (dividing by a positive number keeps the order). Scores lent
+  read-only (`read_only=True`, as `Sampler` lends its float32 rows) are divided out of place: the
+  division is the private copy.
 - `TopKLogitsWarper`: HF's threshold, the k-th largest score; ties with it all survive, as in HF.
   The draw then looks at the k candidates only.
 - `TopPLogitsWarper`: HF sorts ascending and drops every token whose cumulative probability is
   `<= 1 - top_p` (a float32 comparison), keeping its last `min_tokens_to_keep`. Here the cut is
-  found without the sort: among 64 (then 512) candidates, the best scores by `torch.topk`, when a
-  check proves they contain it; else by a radix select over the bits of the probabilities.
+  found without the sort among 64 (then 512) candidates, the best scores (`_candidates.py`), when
+  a check proves they contain it. When more tokens survive, the draw needs no cut: it draws from
+  the whole softmax and keeps the token if HF does (at once for the candidates that surely
+  survive, else by the running sum at the token's place), drawing that row again if not
+  (`_top_p_draw.py`). Scores that something reads (`fast_scores`, a later processor, an error
+  message) get the cut from a radix select over the bits of the probabilities (`_top_p.py`).
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
 The draw inverts a float64 running sum with one uniform number: over the candidates when the last
@@ -32,9 +38,9 @@ lands within float rounding (about 1e-7 relative) of `1 - top_p`, the token at t
 With large, flat vocabularies (100k tokens, tens of thousands kept) that happens in about one row
 in a hundred, and concerns a token of probability about 1e-6.
 
-Syncs and compilation. On CPU in eager mode, one check (reading a CPU flag, which costs nothing)
-decides whether the candidates suffice. On other devices and under `torch.compile` only the
-fixed-shape kernels run: no data-dependent Python control flow and no host-device sync (with
+Syncs and compilation. On CPU in eager mode, a few checks (reading CPU flags, which costs nothing)
+decide whether the candidates suffice and which rows draw again. On other devices and under
+`torch.compile` only the fixed-shape kernels run: no data-dependent Python control flow and no host-device sync (with
 `fullgraph=True`, pass `generator=None` and seed with `torch.manual_seed`: dynamo cannot trace a
 `torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and `torch.cond` runs the
 radix select only when a row's cut is not among them (`_fixed_shape.py`); eager on an accelerator
@@ -71,12 +77,13 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from ._candidates import top_candidates, top_p_candidates, top_p_count
+from ._candidates import TopPTry, top_candidates, top_p_candidates, top_p_count
 from ._draw import draw, draw_checked, pick
 from ._fixed_shape import top_p_keep
 from ._processor_list import check_processor_output
 from ._routes import cpu_shortcuts
 from ._top_p import top_p_mask
+from ._top_p_draw import draw_top_p
 from ._top_p_sorted import top_p_mask_sorted
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
@@ -155,12 +162,15 @@ class FastDraw:
 
 def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: LogitsProcessorList,
               generator: torch.Generator | None = None, *, candidates: bool | None = None,
-              memo: dict | None = None) -> FastDraw:
+              memo: dict | None = None, read_only: bool = False) -> FastDraw:
     """`fast_sample` that also says, without a host-device sync, which rows could be sampled.
 
     Args:
         memo: A dict the caller keeps between steps (a `Sampler` does): the candidate counts that
             sufficed last time, tried first next time (successive steps look alike). Default: none.
+        read_only: `scores` is not a private copy: it is never written, and copied only where a
+            processor writes (a temperature divides out of place, so the division is the copy).
+            Default: False, `scores` is modified in place.
         Others: as `fast_sample`.
 
     Returns:
@@ -171,7 +181,7 @@ def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: 
     >>> out.valid.tolist()
     [True, False]
     """
-    state = _run(input_ids, scores, processors, candidates, memo)
+    state = _run(input_ids, scores, processors, candidates, memo, read_only=read_only)
     tokens, valid = state.sample(generator)
     return FastDraw(tokens, valid, state)
 
@@ -187,10 +197,12 @@ class _State:
 
     # Slots: under torch.compile, torch 2.13's dynamo drops the attribute writes made after a
     # `torch.cond` (the fixed-shape top-p's) to an object with a `__dict__` created in the graph.
-    __slots__ = ("cand", "cand_keep", "filter_value", "ids", "keep", "probs", "scores", "temperature")
+    __slots__ = ("cand", "cand_keep", "filter_value", "ids", "keep", "owned", "probs", "scores", "temperature",
+                 "top_p")
 
-    def __init__(self, scores: torch.Tensor) -> None:
+    def __init__(self, scores: torch.Tensor, *, read_only: bool = False) -> None:
         self.scores = scores  # [N, V] float32
+        self.owned = not read_only  # False: the caller's tensor, copied before anything writes to it
         self.probs: torch.Tensor | None = None  # [N, V] softmax(scores), `keep` not applied
         self.keep: torch.Tensor | None = None  # [N, V] bool
         self.ids: torch.Tensor | None = None  # [N, K] int64, distinct per row
@@ -198,13 +210,41 @@ class _State:
         self.cand_keep: torch.Tensor | None = None  # [N, K] bool
         self.filter_value = _NEG_INF
         self.temperature: float | None = None  # a division not yet applied to `scores`
+        # a top-p cut not found yet: (the candidates tried, top_p, min_tokens_to_keep), with `probs`
+        self.top_p: tuple[TopPTry, float, int] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """A filter decided but not written into `scores`."""
+        return self.keep is not None or self.ids is not None or self.top_p is not None
+
+    def divided(self) -> torch.Tensor:
+        """`scores` with the pending temperature divided in (not the pending filter), to read only.
+
+        A borrowed tensor is divided out of place: one pass that is also the private copy.
+        """
+        if self.temperature is not None:
+            if self.owned:
+                self.scores.div_(self.temperature)  # HF: scores / temperature
+            else:
+                self.scores, self.owned = self.scores / self.temperature, True
+            self.temperature = None
+        return self.scores
+
+    def current(self) -> torch.Tensor:
+        """The scores with everything pending applied, to read only: a pending filter is written
+        (into a private tensor), a pending temperature alone is only divided in."""
+        if self.pending:
+            return self.materialize()
+        return self.divided()
 
     def materialize(self) -> torch.Tensor:
-        """Write the pending temperature and filter into `scores` and return them."""
+        """Write the pending temperature and filter into `scores` and return them (a private tensor)."""
         n, vocab = self.scores.shape
-        if self.temperature is not None:
-            self.scores.div_(self.temperature)  # HF: scores / temperature
-            self.temperature = None
+        self.divided()
+        if not self.owned:
+            self.scores, self.owned = self.scores.clone(), True
+        self._find_top_p_cut()
         if self.ids is not None:
             assert self.cand_keep is not None  # set together with `ids`
             self.keep = self.scores.new_zeros((n, vocab), dtype=torch.bool).scatter_(1, self.ids, self.cand_keep)
@@ -220,6 +260,18 @@ class _State:
                  cand_keep: torch.Tensor | None = None) -> None:
         self.filter_value = float(filter_value)
         self.keep, self.probs, self.ids, self.cand, self.cand_keep = keep, probs, ids, cand, cand_keep
+        self.top_p = None
+
+    def _find_top_p_cut(self) -> None:
+        """Turn a pending top-p into `keep`: the exact cut over the whole row (`_top_p_sorted.py`)."""
+        if self.top_p is not None:
+            assert self.probs is not None  # set with `top_p`
+            _, top_p, at_least = self.top_p
+            if self.probs.device.type == "cpu":
+                self.keep = top_p_mask_sorted(self.probs, top_p, at_least, scores=self.scores)
+            else:
+                self.keep = top_p_mask(self.probs, top_p, at_least, scores=self.scores, branch=True)
+            self.top_p = None
 
     def sample(self, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """`(batch,)` tokens and `(batch,)` bool validity: the softmax of a row with NaN, `+inf` or
@@ -232,6 +284,12 @@ class _State:
             weights = (self.cand - self.cand[:, :1]).exp_().masked_fill_(~self.cand_keep, 0.0)  # [N, K]
             index, valid = pick(weights, generator)
             return self.ids.gather(1, index[:, None]).squeeze(1), valid
+        if self.top_p is not None and self.filter_value == _NEG_INF:
+            assert self.probs is not None  # set with `top_p`
+            drawn = draw_top_p(self.scores, self.probs, *self.top_p, generator=generator)
+            if drawn is not None:
+                return drawn
+            self._find_top_p_cut()  # no distribution in some row, or min_tokens_to_keep too large
         if self.keep is not None and self.probs is not None and self.filter_value == _NEG_INF:
             # in place: nothing reads `probs` after the draw (the error message uses `scores`)
             return draw_checked(_zero_removed(self.probs, self.keep), generator)
@@ -245,25 +303,25 @@ def _zero_removed(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 
 def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, candidates: bool | None,
-         memo: dict | None = None) -> _State:
+         memo: dict | None = None, *, read_only: bool = False) -> _State:
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or scores.dtype != torch.float32:
         got = f"{scores.dtype} of shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores)
         raise ValueError(f"`scores` must be a float32 tensor of shape (batch, vocab), got {got}.")
     if candidates is None:
         candidates = cpu_shortcuts(scores)
-    state = _State(scores)
+    state = _State(scores, read_only=read_only)
     for index, processor in enumerate(processors):
         kind = type(processor)
         if kind is TemperatureLogitsWarper:
             # Deferred: a top-k right after it only needs the division at its candidates.
-            state.materialize()
+            state.current()
             state.temperature = processor.temperature
         elif kind is TopKLogitsWarper:
             _top_k(state, processor, candidates)
         elif kind is TopPLogitsWarper:
             _top_p(state, processor, candidates, memo)
         elif kind is MinPLogitsWarper:
-            probs = torch.softmax(state.materialize(), dim=-1)  # bit for bit HF's probs
+            probs = torch.softmax(state.current(), dim=-1)  # bit for bit HF's probs
             # HF's comparison, negated (not `>=`): a NaN row keeps its NaN, as in HF
             keep = (probs < processor.min_p * probs.amax(dim=-1, keepdim=True)).logical_not_()
             if processor.min_tokens_to_keep > 1:  # with 1 the top token is never below min_p * top
@@ -279,7 +337,7 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
 
 
 def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None:
-    if state.keep is not None or state.ids is not None:
+    if state.pending:
         state.materialize()
     vocab = state.scores.shape[-1]
     k = min(processor.top_k, vocab)  # HF's own clamp; HF already folded min_tokens_to_keep into top_k
@@ -296,7 +354,7 @@ def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None
             keep = torch.ones_like(ids[:, :k], dtype=torch.bool)
             state.filtered(processor.filter_value, ids=ids[:, :k], cand=cand[:, :k], cand_keep=keep)
             return
-    scores = state.materialize()
+    scores = state.divided()
     kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # [N, 1], as HF
     state.filtered(processor.filter_value, keep=(scores < kth).logical_not_())  # HF's test: NaN stays
 
@@ -312,13 +370,18 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
         keep = torch.arange(cand.shape[1], device=cand.device) < kept
         state.filtered(processor.filter_value, ids=state.ids, cand=state.cand, cand_keep=keep)
         return
-    scores = state.materialize()
+    scores = state.current()  # read only
     probs = torch.softmax(scores, dim=-1)  # [N, V]
     if candidates:
-        found = top_p_candidates(scores, probs, top_p, at_least, memo)
-        if found is not None:
-            ids, cand, keep = found
-            state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
+        tried = top_p_candidates(scores, probs, top_p, at_least, memo)
+        if tried is not None and tried.proved:
+            state.filtered(processor.filter_value, ids=tried.ids, cand=tried.cand, cand_keep=tried.keep())
+            return
+        if tried is not None:
+            # Many tokens survive: a draw checks its token instead (`_top_p_draw`); scores that
+            # something reads find the cut then (`_find_top_p_cut`).
+            state.filtered(processor.filter_value, probs=probs)
+            state.top_p = (tried, top_p, at_least)
             return
     if candidates and probs.device.type == "cpu":
         keep = top_p_mask_sorted(probs, top_p, at_least, scores=scores)

@@ -249,7 +249,11 @@ class Sampler:
         if self.fast and self.do_sample:
             from ._fast import fast_draw
 
-            result = fast_draw(input_ids, self._float_copy(rows), processors, self.generator, memo=self._fast_memo)
+            # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
+            # division makes the copy), instead of a copy here and a division in place there
+            lent = rows.dtype == torch.float32
+            result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self.generator,
+                               memo=self._fast_memo, read_only=lent)
             self.invalid_rows = ~result.valid  # [N] bool, on the device: no sync
             self._last_fast = (result, rows)
             if check or (check is None and rows.device.type == "cpu"):
