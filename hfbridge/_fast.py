@@ -359,6 +359,21 @@ def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None
     state.filtered(processor.filter_value, keep=(scores < kth).logical_not_())  # HF's test: NaN stays
 
 
+_DRAW_MIN_MASS = 0.5  # share of each row's mass the surely surviving candidates need for `_draws_pay`
+
+
+def _draws_pay(tried: TopPTry) -> bool:
+    """Whether drawing and checking the token (`_top_p_draw`) beats finding the cut (`_top_p_sorted`).
+
+    A draw that lands on a candidate that surely survives is accepted at once; any other token needs
+    an exact check. Where those candidates hold most of every row's mass (Zipf-like rows at
+    temperature 1: about 70% in the best 512 of 128k) few draws need one; on flat rows they hold a
+    few percent, and the sorted cut is cheaper (measured: 7.5x against 10x the HF chain at B=32).
+    """
+    mass = tried.picked.masked_fill(~tried.surely_kept(), 0.0).sum(dim=-1)  # [N]
+    return bool((mass >= _DRAW_MIN_MASS).all())
+
+
 def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: dict | None) -> None:
     top_p, at_least = processor.top_p, processor.min_tokens_to_keep
     if state.ids is not None and state.filter_value == _NEG_INF:
@@ -377,7 +392,7 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
         if tried is not None and tried.proved:
             state.filtered(processor.filter_value, ids=tried.ids, cand=tried.cand, cand_keep=tried.keep())
             return
-        if tried is not None:
+        if tried is not None and _draws_pay(tried):
             # Many tokens survive: a draw checks its token instead (`_top_p_draw`); scores that
             # something reads find the cut then (`_find_top_p_cut`).
             state.filtered(processor.filter_value, probs=probs)

@@ -7,13 +7,21 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
-from hfbridge import Sampler, sample_step
+from hfbridge import Sampler, _fast, sample_step
 from hfbridge._candidates import top_p_candidates
-from hfbridge._fast import fast_draw, fast_sample, fast_scores
+from hfbridge._fast import _draws_pay, fast_draw, fast_sample, fast_scores
 from hfbridge._top_p import float32, rounds_at_most, top_p_mask
 from hfbridge._top_p_draw import _kept_exactly, draw_top_p
 
 NEG_INF = float("-inf")
+DRAW_MIN_MASS = _fast._DRAW_MIN_MASS
+
+
+@pytest.fixture(autouse=True)
+def draw_route_always(monkeypatch):
+    """The fast path takes the draw route only where it pays (`_draws_pay`); these tests take it on
+    every row whose candidates do not prove the cut, flat rows included."""
+    monkeypatch.setattr(_fast, "_DRAW_MIN_MASS", 0.0)
 
 
 def zipf(batch, vocab, seed, exponent=1.1):
@@ -136,3 +144,13 @@ def test_sampler_lends_float32_logits_read_only(options):
     assert torch.equal(logits, before)
     copied = Sampler(do_sample=True, fast=True, generator=torch.Generator().manual_seed(6), **options)
     assert torch.equal(lent, copied(logits.double(), ids))  # float64 rows go through a float32 copy
+
+
+def test_the_draw_route_is_taken_where_sure_candidates_hold_most_of_the_mass(monkeypatch):
+    monkeypatch.setattr(_fast, "_DRAW_MIN_MASS", DRAW_MIN_MASS)
+    for rows, temperature, pays in ((zipf(4, 128256, seed=7), 1.0, True),  # ~70% of the mass in the best 512
+                                    (torch.randn(4, 128256, generator=torch.Generator().manual_seed(7)), 0.8, False)):
+        scores = rows / temperature
+        tried = top_p_candidates(scores, torch.softmax(scores, dim=-1), 0.9, 1)
+        assert tried is not None and not tried.proved
+        assert _draws_pay(tried) is pays
