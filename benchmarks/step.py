@@ -2,6 +2,8 @@
 
     python benchmarks/step.py             # the issue's targets (PASS/MISS), then the full table
     python benchmarks/step.py --targets   # the targets only
+    python benchmarks/step.py --table     # the full table only
+    python benchmarks/step.py --targets --no-compile  # without torch.compile (minutes of compiling on CPU)
     python benchmarks/step.py --quick     # targets and two sizes, fewer repeats
     python benchmarks/step.py --wall      # wall-clock time instead of this thread's CPU time
     python benchmarks/step.py --one-shot  # time sample_step(...) itself (rebuilds processors per call)
@@ -154,7 +156,7 @@ def peak_extra_memory(step, logits, input_ids) -> float | None:
     return (meter.peak - (meter.base or 0)) / (logits.numel() * logits.element_size())
 
 
-def targets(repeats: int, one_shot: bool) -> None:
+def targets(repeats: int, one_shot: bool, compiled: bool = True) -> None:
     """The issue's targets for the step, each with its ratio and PASS/MISS."""
     generator = torch.Generator().manual_seed(0)
     print(f"\n### targets (CPU: {describe('cpu')}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
@@ -194,7 +196,8 @@ def targets(repeats: int, one_shot: bool) -> None:
     if memory is not None:
         print(f"| flat top-p 0.9, T=0.8, B=32, V=128256: peak extra memory <= 3x the logits | - | - | - | "
               f"{memory:.2f}x | {'PASS' if memory <= 3 else 'MISS'} |", flush=True)
-    compiled_vs_eager(repeats)
+    if compiled:
+        compiled_vs_eager(repeats)
 
 
 def compiled_vs_eager(repeats: int) -> None:
@@ -286,6 +289,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two sizes, 3 repeats")
     parser.add_argument("--targets", action="store_true", help="only the issue's targets")
+    parser.add_argument("--table", action="store_true", help="only the full table (no targets)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="skip the torch.compile comparison (its first compile takes minutes on CPU)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per cell (default 7, quick 3)")
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--config", action="append", choices=list(CONFIGS), help="only these configs")
@@ -300,7 +306,8 @@ def main() -> None:
     if args.wall:
         CLOCK = time.perf_counter
     repeats = args.repeats or (3 if args.quick else 7)
-    targets(repeats, args.one_shot)
+    if not args.table:
+        targets(repeats, args.one_shot, compiled=not args.no_compile)
     if args.targets:
         return
     sizes = QUICK_SIZES if args.quick else SIZES
