@@ -1,18 +1,20 @@
 """The fast path's draw: one token per row from unnormalised weights, without `torch.multinomial`.
 
-Each pick inverts a float64 running sum with one uniform number. A row whose weights hold NaN or
-add up to nothing (the softmax of a row with NaN, `+inf` or only `-inf` scores is all NaN) gets an
-in-range token and a False in the validity flag that comes with the tokens: the caller raises on
-it, where it reads the device anyway (see `Sampler.check_rows`).
+Each pick inverts a float64 running sum with one uniform number (`pick`; `draw_one_row` is the
+same arithmetic on NumPy views for a single CPU row, where torch's per-op cost would dominate).
+A row whose weights hold NaN or add up to nothing (the softmax of a row with NaN, `+inf` or only
+`-inf` scores is all NaN) gets an in-range token and a False in the validity flag that comes with
+the tokens: the caller raises on it, where it reads the device anyway (see `Sampler.check_rows`).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-__all__ = ["draw", "draw_checked", "pick"]
+__all__ = ["draw", "draw_checked", "draw_one_row", "pick"]
 
 
 def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block: int | None = None) -> torch.Tensor:
@@ -79,3 +81,39 @@ def pick(weights: torch.Tensor, generator: torch.Generator | None = None) -> tup
     target = torch.minimum(uniform * total, total * (1 - 2.0**-52))
     index = (running <= target).sum(dim=-1).clamp_(max=weights.shape[-1] - 1)
     return index, (total > 0).squeeze(1)  # NaN > 0 is False
+
+
+def draw_one_row(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor,
+                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token from one CPU row of candidates: `pick` over `exp(cand - cand[0])` where `keep`.
+
+    The same weights (torch's `exp`), the same uniform number and the same float64 running sum as
+    `pick`, so the token is the one a batch would draw for this row; the small steps run on NumPy
+    views. Host reads are free here: the candidates exist only on the CPU route.
+
+    Args:
+        ids: `(1, K)` int64 candidate token ids.
+        cand: `(1, K)` float32 their scores, the best first.
+        keep: `(1, K)` bool, which candidates survive.
+        generator: Seeds the draw (CPU). Default: torch's global generator.
+
+    Returns:
+        `(1,)` int64 token id and `(1,)` bool: False for a row whose weights are NaN or all zero.
+
+    >>> tokens, valid = draw_one_row(torch.tensor([[7, 3]]), torch.tensor([[2.0, 1.0]]), torch.tensor([[False, True]]))
+    >>> tokens.tolist(), valid.tolist()
+    ([3], [True])
+    """
+    scores = cand.numpy(force=True)[0]  # [K] float32, the best first (force: scores that require grad)
+    uniform = torch.rand((1, 1), generator=generator, dtype=torch.float64).item()  # `pick`'s draw
+    first = ids.numpy()[0, :1]  # `pick`'s token for a row without a distribution
+    if not math.isfinite(scores[0]):  # NaN, +inf or only -inf
+        return torch.from_numpy(first.copy()), torch.zeros(1, dtype=torch.bool)
+    weights = torch.from_numpy(scores - scores[0]).exp_().numpy()  # [K] torch's exp, as `pick`'s callers
+    running = np.add.accumulate(weights * keep.numpy()[0], dtype=np.float64)  # [K]
+    total = float(running[-1])
+    if not total > 0:  # NaN weights, or none kept
+        return torch.from_numpy(first.copy()), torch.zeros(1, dtype=torch.bool)
+    target = min(uniform * total, total * (1 - 2.0**-52))
+    index = min(int(np.searchsorted(running, target, side="right")), running.shape[0] - 1)
+    return torch.from_numpy(ids.numpy()[0, index:index + 1].copy()), torch.ones(1, dtype=torch.bool)

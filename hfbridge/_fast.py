@@ -21,6 +21,9 @@ through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) ar
   message) get the cut from a radix select over the bits of the probabilities (`_top_p.py`).
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
+A single row on CPU (batch 1) finds the top-p cut in `_one_row.py` instead: one compaction of the
+tokens above a bound, on NumPy views, where torch's fixed cost per op would outweigh the data.
+
 The draw inverts a float64 running sum with one uniform number: over the candidates when the last
 filter left candidates, otherwise in two levels (block sums, then inside the chosen block). No
 `torch.multinomial`, no vocabulary-sized random tensor; reproducible with a `torch.Generator`.
@@ -78,8 +81,9 @@ from transformers import (
 )
 
 from ._candidates import TopPTry, top_candidates, top_p_candidates, top_p_count
-from ._draw import draw, draw_checked, pick
+from ._draw import draw, draw_checked, draw_one_row, pick
 from ._fixed_shape import top_p_keep
+from ._one_row import one_row_top_p
 from ._processor_list import check_processor_output
 from ._routes import cpu_shortcuts
 from ._top_p import top_p_mask
@@ -281,6 +285,8 @@ class _State:
             # Unnormalised exp(cand - max): each weight is the same whatever the number of
             # candidates, so the token does not depend on how many were tried (pick's running sum
             # is sequential). NaN for a row whose best is NaN, +inf or -inf: flagged by `pick`.
+            if self.ids.shape[0] == 1:  # `ids` come from the CPU candidate routes only
+                return draw_one_row(self.ids, self.cand, self.cand_keep, generator)
             weights = (self.cand - self.cand[:, :1]).exp_().masked_fill_(~self.cand_keep, 0.0)  # [N, K]
             index, valid = pick(weights, generator)
             return self.ids.gather(1, index[:, None]).squeeze(1), valid
@@ -388,6 +394,12 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
     scores = state.current()  # read only
     probs = torch.softmax(scores, dim=-1)  # [N, V]
     if candidates:
+        if scores.shape[0] == 1:
+            found = one_row_top_p(scores, probs, top_p, at_least, memo)
+            if found is not None:
+                ids, cand, keep = found
+                state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
+                return
         tried = top_p_candidates(scores, probs, top_p, at_least, memo)
         if tried is not None and tried.proved:
             state.filtered(processor.filter_value, ids=tried.ids, cand=tried.cand, cand_keep=tried.keep())
