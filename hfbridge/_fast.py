@@ -21,8 +21,9 @@ through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) ar
   message) get the cut from a radix select over the bits of the probabilities (`_top_p.py`).
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
-A single row on CPU (batch 1) finds the top-p cut in `_one_row.py` instead: one compaction of the
-tokens above a bound, on NumPy views, where torch's fixed cost per op would outweigh the data.
+A single row on CPU (batch 1) finds the top-p cut in `_one_row.py` instead, on NumPy views (torch's
+fixed cost per op would outweigh the data): a compaction of the tokens above a bound, or a
+histogram of the probabilities' bits when many tokens are kept.
 
 The draw inverts a float64 running sum with one uniform number: over the candidates when the last
 filter left candidates, otherwise in two levels (block sums, then inside the chosen block). No
@@ -396,6 +397,9 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
     if candidates:
         if scores.shape[0] == 1:
             found = one_row_top_p(scores, probs, top_p, at_least, memo)
+            if isinstance(found, torch.Tensor):  # one row, too many kept for candidates: the mask
+                state.filtered(processor.filter_value, keep=found, probs=probs)
+                return
             if found is not None:
                 ids, cand, keep = found
                 state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)

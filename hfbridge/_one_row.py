@@ -15,13 +15,17 @@ data. So this route works on NumPy views of the row (no copy) and finds the cut 
 3. The tokens of those binades (a few hundred on real logits) are compacted once, sorted by score
    (stable: equal scores by token id, as the other routes order them), and the count is taken
    with the mass below them as the start of the running sum (`top_p_count`'s arithmetic).
+4. When more than `MAX_SORTED` tokens are that high (flat rows, high temperatures), the next 8
+   bits split binade `e` into 256 buckets the same way; only the bucket of the cut is sorted,
+   and the kept tokens come back as a mask (everything above the bucket, the bucket's best).
 
 Successive steps look alike, so with a memo the histogram is skipped: the tokens from one binade
 under the last step's cut are compacted at once, and kept when the mass under them (the row's
 float64 total less theirs) is all removed, which proves that they hold the cut.
 
-The route declines (returns None) when it would not be cheap or the row has no distribution
-(NaN or `+inf` scores, or nothing above `-inf`): the general routes then handle the row.
+The route declines (returns None) for a row with no distribution (NaN or `+inf` scores, or
+nothing above `-inf`), a bucket too large to sort, or a `min_tokens_to_keep` beyond the kept
+tokens: the general routes then handle the row.
 
 >>> scores = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
 >>> ids, cand, keep = one_row_top_p(scores, torch.softmax(scores, -1), 0.7, 1)
@@ -41,15 +45,15 @@ from ._top_p import float32, rounds_at_most
 
 __all__ = ["MAX_SORTED", "one_row_top_p"]
 
-MAX_SORTED = 4096  # candidates sorted at most; a flatter row goes to the general routes
+MAX_SORTED = 4096  # tokens sorted at most; a row with more at the cut goes to the general routes
 _EXPONENT_SHIFT = 23  # float32: 23 mantissa bits below the exponent field
-_BINADES = 256  # exponent field values of non-negative float32 numbers (a set sign bit lands above)
+_SUB_SHIFT = 15  # the next 8 bits split a binade into 256 buckets
+_BINS = 256
 _MEMO_KEY = "one_row_bound"  # the bit pattern tried first: one binade under the last step's cut
-_SKIP = -1  # in the memo: the last row had too many candidates, leave this one to the general routes
 
 
 def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
-                  memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+                  memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor | None:
     """The tokens HF's `TopPLogitsWarper(top_p, at_least)` keeps in a one-row CPU batch; None to decline.
 
     Args:
@@ -61,18 +65,17 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
             them is not all removed. Default: none (the histogram at once).
 
     Returns:
-        `(ids, cand, keep)`, each `(1, K)`: the kept token ids, their scores in descending order
-        (equal scores by ascending id) and an all-True mask, as `top_p_candidates` returns them;
-        or None when the row has no distribution or more than `MAX_SORTED` candidates.
+        When at most `MAX_SORTED` tokens are kept, `(ids, cand, keep)`, each `(1, K)`: the kept
+        token ids, their scores in descending order (equal scores by ascending id) and an
+        all-True mask, as `top_p_candidates` returns them. Otherwise the `(1, vocab)` bool mask of
+        the kept tokens. None for a row without a distribution, or when more than `MAX_SORTED`
+        tokens share the bucket of the cut, or `at_least` reaches past the kept tokens.
     """
     memo = {} if memo is None else memo
-    bound = memo.get(_MEMO_KEY)
-    if bound == _SKIP:
-        memo[_MEMO_KEY] = None  # try again next step
-        return None
     p = probs.numpy(force=True)[0]  # [V] float32, a view (force: logits that require grad)
     bits = p.view(np.uint32)  # non-negative floats order like their bit patterns
     cut, inclusive = _removal_cut(top_p)
+    bound = memo.get(_MEMO_KEY)
     kept = None
     if bound is not None:
         total = float(np.add.reduce(p, dtype=np.float64))
@@ -80,23 +83,31 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
             return None
         kept = _kept(scores, p, np.flatnonzero(bits >= bound), total, cut, inclusive, at_least)
     if kept is None:
-        found = _binade_candidates(p, bits, cut, inclusive)
-        if found is not None:
-            kept = _kept(scores, p, *found, cut, inclusive, at_least)
-        if kept is None:
-            memo[_MEMO_KEY] = _SKIP if found is not None and found[0].shape[0] > MAX_SORTED else None
+        memo[_MEMO_KEY] = None
+        binade = bits >> _EXPONENT_SHIFT  # [V]; a set sign bit (never from softmax) lands past 255
+        mass = np.bincount(binade, weights=p, minlength=_BINS)  # [>= 256] float64
+        total = float(mass.sum())
+        if not 0.0 < total < math.inf:
             return None
+        below = _below(mass[:_BINS], 0.0)  # [256] the mass under each binade
+        lowest = int(np.count_nonzero(_removed(below, cut, inclusive))) - 1  # >= 0: below[0] == 0
+        candidates = bits >= np.uint32(lowest << _EXPONENT_SHIFT)  # [V] the binade of the cut and above
+        if np.count_nonzero(candidates) <= MAX_SORTED:
+            kept = _kept(scores, p, np.flatnonzero(candidates), total, cut, inclusive, at_least)
+        if kept is None:
+            return _dense_keep(scores, p, bits, np.flatnonzero(binade == lowest), lowest, float(below[lowest]),
+                               cut, inclusive, at_least)
     ids, cand, last = kept
     memo[_MEMO_KEY] = np.uint32(max((last >> _EXPONENT_SHIFT) - 1, 0) << _EXPONENT_SHIFT)
     return (torch.from_numpy(ids[None]), torch.from_numpy(cand[None]),
             torch.from_numpy(np.ones((1, ids.shape[0]), dtype=np.bool_)))
 
 
-def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cut: float, inclusive: bool,
-          at_least: int) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """`(ids, scores, bits)` of the kept tokens among the candidates `ids` (every token above the
-    others), best first, and the bit pattern of the last one's probability; None when the
-    candidates are too many or too few, or the mass under them is not all removed."""
+def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cut: float,
+          inclusive: bool, at_least: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """`(ids, scores, bits)` of the kept tokens among the candidates `ids` (ascending; every token
+    above the others), best first, and the bit pattern of the last one's probability; None when
+    the candidates are too many or too few, or the mass under them is not all removed."""
     count = ids.shape[0]
     if not at_least <= count <= MAX_SORTED:
         return None
@@ -106,7 +117,7 @@ def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cu
     # HF's running sum in ascending order (`top_p_count`'s arithmetic), started by the mass under them.
     cumulative = np.add.accumulate(picked[::-1], dtype=np.float64)  # [K] ascending
     rest = max(total - float(cumulative[-1]), 0.0)
-    if not ((rest <= cut) if inclusive else (rest < cut)):
+    if not _removed(rest, cut, inclusive):
         return None  # some token under the candidates is kept
     cumulative += rest  # non-decreasing: the removed ones come first
     removed = int(np.searchsorted(cumulative, cut, side="right" if inclusive else "left"))
@@ -114,21 +125,39 @@ def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cu
     return ids[:kept], cand[:kept], int(picked[kept - 1:kept].view(np.uint32)[0])
 
 
-def _binade_candidates(p: np.ndarray, bits: np.ndarray, cut: float, inclusive: bool
-                       ) -> tuple[np.ndarray, float] | None:
-    """`(ids, total)`: the ascending ids of every token from the binade that holds the cut up, and
-    the row's float64 mass; None for a row without a distribution."""
-    binade = bits >> _EXPONENT_SHIFT  # [V]; a set sign bit (never from softmax) lands past 255
-    mass = np.bincount(binade, weights=p, minlength=_BINADES)  # [>= 256] float64
-    total = float(mass.sum())
-    if not 0.0 < total < math.inf:  # NaN (NaN or +inf scores, or all -inf), or no mass
+def _dense_keep(scores: torch.Tensor, p: np.ndarray, bits: np.ndarray, in_binade: np.ndarray, binade: int,
+                under: float, cut: float, inclusive: bool, at_least: int) -> torch.Tensor | None:
+    """`(1, vocab)` bool: the kept tokens of a row whose cut lies in `binade` (tokens `in_binade`,
+    with the mass `under` it), found from 256 buckets of the binade's next bits, then a sort of
+    the cut's bucket; None when that bucket is too large or `at_least` reaches past the kept."""
+    low_bits = bits[in_binade]  # [n]
+    bucket = (low_bits >> _SUB_SHIFT) & (_BINS - 1)  # [n]
+    below = _below(np.bincount(bucket, weights=p[in_binade], minlength=_BINS), under)  # [256]
+    cut_bucket = int(np.count_nonzero(_removed(below, cut, inclusive))) - 1  # >= 0: below[0] is removed
+    ids = in_binade[bucket == cut_bucket]  # [m] ascending
+    if ids.shape[0] > MAX_SORTED:
         return None
-    # below[e]: the mass of the binades under e, the running sum just under binade e's lowest token
-    below = np.zeros(_BINADES)  # [256] float64
-    np.cumsum(mass[: _BINADES - 1], out=below[1:])
-    removed = below <= cut if inclusive else below < cut  # [256], True then False (non-decreasing)
-    lowest = int(np.count_nonzero(removed)) - 1  # >= 0: below[0] == 0 is removed
-    return np.flatnonzero(bits >= np.uint32(lowest << _EXPONENT_SHIFT)), total
+    ids = ids[np.argsort(-scores.numpy(force=True)[0, ids], kind="stable")]  # by score, equal by id
+    cumulative = np.add.accumulate(p[ids][::-1], dtype=np.float64) + float(below[cut_bucket])  # ascending
+    removed = int(np.searchsorted(cumulative, cut, side="right" if inclusive else "left"))
+    keep = bits >= np.uint32((binade << _EXPONENT_SHIFT) + ((cut_bucket + 1) << _SUB_SHIFT))  # [V]
+    keep[ids[: ids.shape[0] - removed]] = True
+    if int(np.count_nonzero(keep)) < at_least:
+        return None
+    return torch.from_numpy(keep[None])
+
+
+def _below(mass: np.ndarray, start: float) -> np.ndarray:
+    """`[start, start + mass[0], start + mass[0] + mass[1], ...]`: the float64 mass under each bin."""
+    below = np.empty(mass.shape[0])
+    below[0] = 0.0
+    np.cumsum(mass[:-1], out=below[1:])
+    return below + start if start else below
+
+
+def _removed(running: np.ndarray | float, cut: float, inclusive: bool) -> np.ndarray | bool:
+    """Whether HF removes a token with this float64 running sum (its float32 rounding `<= 1 - top_p`)."""
+    return running <= cut if inclusive else running < cut
 
 
 @functools.lru_cache(maxsize=64)

@@ -105,20 +105,36 @@ def test_sampler_steps_follow_hfs_distribution():
     assert stat < CHI2_999[df]
 
 
-def test_flat_rows_are_left_to_the_general_route():
-    # Too many candidates to sort: the route declines, skips the next row, then tries again.
-    x = torch.randn(1, 32000, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_flat_rows_come_back_as_the_radix_selects_mask(temperature):
+    # More kept tokens than are worth sorting: 256 buckets of the cut's binade, a mask back.
+    g = torch.Generator().manual_seed(int(temperature * 10))
+    processors = LogitsProcessorList([hf.TemperatureLogitsWarper(temperature), hf.TopPLogitsWarper(0.9)])
+    for x in (torch.randn(1, 32000, generator=g), zipf(1, 50257, seed=5, exponent=0.9 * temperature),
+              torch.rand(1, 40000, generator=g)):
+        scores = x / temperature
+        found = _one_row.one_row_top_p(scores, torch.softmax(scores, dim=-1), 0.9, 1, {})
+        assert isinstance(found, torch.Tensor) and found.shape == x.shape and int(found.sum()) > _one_row.MAX_SORTED
+        one = fast_draw(None, x.clone(), processors, memo={}).final_scores()
+        assert torch.equal(one, fast_scores(None, x.clone(), processors, candidates=False))  # the radix select
+        assert_same_filter(processors(None, x.clone()), one)
+
+
+def test_declined_rows_go_to_the_general_routes():
+    # Distinct scores whose float32 probabilities all tie: one bucket holds the whole row.
+    x = (torch.arange(20000).double() * 1e-12).float()[None]
     probs = torch.softmax(x, dim=-1)
-    memo = {}
-    assert _one_row.one_row_top_p(x, probs, 0.9, 1, memo) is None
-    assert _one_row.one_row_top_p(x, probs, 0.9, 1, memo) is None  # skipped
-    processors = LogitsProcessorList([hf.TopPLogitsWarper(0.9)])
-    assert_same_filter(processors(None, x.clone()), fast_draw(None, x.clone(), processors, memo=memo).final_scores())
-    # A peaked row afterwards: skipped once (the last row declined), then through the route again.
-    peaked = x * 20
-    assert _one_row.one_row_top_p(peaked, torch.softmax(peaked, dim=-1), 0.9, 1, memo) is None
-    found = _one_row.one_row_top_p(peaked, torch.softmax(peaked, dim=-1), 0.9, 1, memo)
-    assert found is not None and found[0].shape[1] < 100
+    assert _one_row.one_row_top_p(x, probs, 0.5, 1, {}) is None
+    assert kept(fast_scores(None, x.clone(), [hf.TopPLogitsWarper(0.5)])) == list(range(10000, 20000))
+    # min_tokens_to_keep beyond what a flat row keeps is left to them too.
+    y = torch.randn(1, 20000, generator=torch.Generator().manual_seed(3))
+    assert _one_row.one_row_top_p(y, torch.softmax(y, dim=-1), 1e-9, 6000, {}) is None
+    processors = LogitsProcessorList([hf.TopPLogitsWarper(1e-9, min_tokens_to_keep=6000)])
+    assert_same_filter(processors(None, y.clone()), fast_scores(None, y.clone(), processors))
+    # A row without a distribution: declined, then flagged by the general route.
+    nan_row = torch.zeros(1, 100)
+    nan_row[0, 3] = NAN
+    assert _one_row.one_row_top_p(nan_row, torch.softmax(nan_row, dim=-1), 0.9, 1, {"one_row_bound": None}) is None
 
 
 def test_min_tokens_to_keep_beyond_the_candidates():
