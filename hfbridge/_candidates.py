@@ -17,7 +17,7 @@ import torch
 
 from ._top_p import float32, rounds_at_most
 
-__all__ = ["TopPTry", "Total", "certified_total", "top_candidates", "top_p_candidates", "top_p_count"]
+__all__ = ["TopPTry", "Total", "block_topk", "certified_total", "top_candidates", "top_p_candidates", "top_p_count"]
 
 _NEG_INF = float("-inf")
 
@@ -53,17 +53,30 @@ def top_candidates(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
 
 
 def _block_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.topk(scores, k)`, found among the `k` blocks of tokens with the largest maxima.
+    """`block_topk`, or `torch.topk` itself where a data-dependent check says so (CPU eager only):
+    for rows that are not contiguous, and when the padding of a partial last block could stand in
+    for a real `-inf` token (a row with fewer than k scores above -inf in those blocks)."""
+    if not scores.is_contiguous():
+        return tuple(torch.topk(scores, k, dim=-1))  # type: ignore[return-value]
+    cand, ids = block_topk(scores, k)
+    if bool((cand[:, -1] == _NEG_INF).any()):
+        return tuple(torch.topk(scores, k, dim=-1))  # type: ignore[return-value]
+    return cand, ids
 
-    Every token of the top k lies in a block whose maximum is at least the k-th value, and at most
-    k blocks have such a maximum (ties aside), so the best k blocks hold the answer: one read of
-    the row for the block maxima, then `torch.topk` on `k * block` values instead of the vocabulary
-    (`torch.topk` over a whole row costs 5-35 reads of it on CPU). Data-dependent (CPU eager only):
-    a row with fewer than k scores above -inf among those blocks goes through `torch.topk` itself.
+
+def block_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` largest scores per row and their ids, from the `k` blocks with the largest maxima.
+
+    One read of the row for the block maxima, then `torch.topk` on `k * block` values instead of the
+    vocabulary. Fixed shapes: a row with fewer than `k` scores above `-inf` in those blocks may get
+    `-inf` entries for the padding of a partial last block; their ids are in range.
+
+    >>> block_topk(torch.tensor([[0.0, 3.0, 1.0, 3.0]]), 2)
+    (tensor([[3., 3.]]), tensor([[1, 3]]))
     """
     vocab = scores.shape[-1]
     block = min(32, 1 << max(vocab // (4 * k), 1).bit_length() - 1)  # a power of two, k * block <= vocab / 4
-    if block < 4 or vocab < 2048 or not scores.is_contiguous():
+    if block < 4 or vocab < 2048:
         return tuple(torch.topk(scores, k, dim=-1))  # type: ignore[return-value]
     full = vocab // block  # whole blocks; a last partial one is padded with -inf
     maxima = scores[:, : full * block].unflatten(1, (full, block)).amax(dim=-1)  # [N, NB]
@@ -72,10 +85,9 @@ def _block_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     blocks = torch.topk(maxima, k, dim=-1, sorted=False).indices  # [N, k]
     ids = (blocks[:, :, None] * block + torch.arange(block, device=scores.device)).flatten(1)  # [N, k * block]
     outside = ids >= vocab
-    values = scores.gather(1, ids.clamp_(max=vocab - 1)).masked_fill_(outside, _NEG_INF)
-    cand, local = torch.topk(values, k, dim=-1)  # [N, k], sorted
-    if bool((cand[:, -1] == _NEG_INF).any()):  # padding could stand in for a real -inf token
-        return torch.topk(scores, k, dim=-1)
+    ids = ids.clamp(max=vocab - 1)
+    values = scores.gather(1, ids).masked_fill_(outside, _NEG_INF)
+    cand, local = torch.topk(values, k, dim=-1)  # [N, k]
     return cand, ids.gather(1, local)
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from ._candidates import top_p_count
+from ._candidates import block_topk, top_p_count
 from ._top_p import _CHUNK as _TOP_P_CHUNK
 from ._top_p import top_p_mask
 
@@ -118,30 +118,3 @@ def candidate_cut(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
     # Certain only if the last kept candidate is above every token that is not a candidate.
     holds = (kept < k) & (cand.gather(1, kept - 1) > cand[:, -1:]) & ~nan_row
     return ids, keep, holds
-
-
-def block_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `k` largest scores per row and their ids, from the `k` blocks with the largest maxima.
-
-    One read of the row for the block maxima, then `torch.topk` on `k * block` values instead of the
-    vocabulary. Fixed shapes: a row with fewer than `k` scores above `-inf` in those blocks may get
-    `-inf` entries for the padding of a partial last block; their ids are in range.
-
-    >>> block_topk(torch.tensor([[0.0, 3.0, 1.0, 3.0]]), 2)
-    (tensor([[3., 3.]]), tensor([[1, 3]]))
-    """
-    vocab = scores.shape[-1]
-    block = min(32, 1 << max(vocab // (4 * k), 1).bit_length() - 1)  # a power of two, k * block <= vocab / 4
-    if block < 4 or vocab < 2048:
-        return tuple(torch.topk(scores, k, dim=-1))  # type: ignore[return-value]
-    full = vocab // block  # whole blocks; a last partial one is padded with -inf
-    maxima = scores[:, : full * block].unflatten(1, (full, block)).amax(dim=-1)  # [N, NB]
-    if full * block < vocab:
-        maxima = torch.cat([maxima, scores[:, full * block:].amax(dim=-1, keepdim=True)], dim=-1)
-    blocks = torch.topk(maxima, k, dim=-1, sorted=False).indices  # [N, k]
-    ids = (blocks[:, :, None] * block + torch.arange(block, device=scores.device)).flatten(1)  # [N, k * block]
-    outside = ids >= vocab
-    ids = ids.clamp(max=vocab - 1)
-    values = scores.gather(1, ids).masked_fill_(outside, _NEG_INF)
-    cand, local = torch.topk(values, k, dim=-1)  # [N, k]
-    return cand, ids.gather(1, local)
