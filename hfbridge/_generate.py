@@ -1,7 +1,7 @@
 """`generate`: HF's decoding loop (`GenerationMixin._sample`) for models that are just callables.
 
 One call of `generate`, in the order of HF's `generate`:
-1. check the arguments and split `**kwargs` into generation options and model inputs;
+1. check the arguments and split `**kwargs` into generation options and model inputs (`_generate_args.py`);
 2. merge the options into a `GenerationConfig` as HF does (`_prepare_generation_config`), with
    lengths (`_prepare_generated_length`) and special tokens (`_prepare_special_tokens`) from HF;
 3. expand the prompt for `num_return_sequences`, put it in the streamer;
@@ -24,21 +24,16 @@ from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
 from ._beam import beam_search, check_beam_options
+from ._generate_args import check_config, check_loop_options, checked_arguments, has_default_max_length
 from ._hf import ProcessorHost, generation_option_names
-from ._layout import Layout, LayoutLike
+from ._layout import LayoutLike
 from ._lockstep import resolve as resolve_synced_gpus
 from ._loop import LoopOptions, check_every_option, decode, pads_finished
 from ._models import ModelAdapter, as_adapter
-from ._option_checks import check_flag, check_options, did_you_mean
+from ._option_checks import check_flag
 from ._processors import callable_list, make_generation_config
 from ._step import Sampler
-from ._strategies import check_strategy, is_assisted, is_beam
-
-# `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
-_PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
-               "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn",
-               "assistant_model", "check_every", "synced_gpus")
-_HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
+from ._strategies import is_assisted, is_beam
 
 
 # The return type follows `return_dict_in_generate`: a tensor by default, HF's output object with
@@ -247,7 +242,7 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
                     tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
                     kwargs=kwargs)
-    _check_loop_options(loop, call.config, assistant_model)
+    check_loop_options(loop, call.config, assistant_model)
     if is_assisted(call.config, assistant_model):  # HF's own assisted loop on the adapter (`_assisted.py`)
         from ._assisted import generate_assisted
 
@@ -285,28 +280,6 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
     return call.sequences
 
 
-def _check_loop_options(loop: LoopOptions, config: GenerationConfig, assistant_model: Any) -> None:
-    """`check_every` and `synced_gpus` belong to hfbridge's own greedy/sampling loop; HF's beam and assisted
-    loops run here without them, so asking for them there is refused rather than silently ignored."""
-    if is_assisted(config, assistant_model):
-        strategy = "assisted / prompt-lookup decoding"
-    elif is_beam(config):
-        strategy = "beam search"
-    else:
-        return
-    if loop.check_every != 1:
-        raise ValueError(
-            f"`check_every`={loop.check_every} applies to greedy search and sampling; {strategy} runs HF's own "
-            "loop, which checks every step. Drop check_every."
-        )
-    if loop.synced:
-        raise ValueError(
-            f"`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge supports for greedy "
-            f"search and sampling only, not yet for {strategy}; use one of those, or synced_gpus=False when every "
-            "rank makes the same number of model calls anyway."
-        )
-
-
 @dataclasses.dataclass
 class _Call:
     """Everything one `generate` call works with, prepared before the first model call."""
@@ -329,42 +302,17 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
              assistant_model: Any = None) -> _Call:
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
     # 1. Arguments, and `**kwargs` split into generation options and model inputs.
-    _check_input_ids(input_ids)
-    check_flag("fast", fast, optional=False)
+    attention_mask, options, model_inputs, layout = checked_arguments(
+        adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config, streamer=streamer,
+        generator=generator, layout=layout, fast=fast, kwargs=kwargs)
     batch, prompt_length = input_ids.shape
     device = input_ids.device
-    if attention_mask is not None:
-        attention_mask = _checked_mask(attention_mask, input_ids)
-    options, model_inputs = _split_kwargs(kwargs)
-    check_options(options)  # types and ranges of the generation options, HF's checks follow
-    for name in model_inputs:
-        try:
-            adapter.check_inputs([name])
-        except TypeError as error:
-            raise TypeError(f"{error}{_did_you_mean(name)}") from None
-    _check_lengths(options, generation_config)
-    for name in ("output_attentions", "output_hidden_states"):
-        if options.get(name, getattr(generation_config, name, False)):
-            raise ValueError(
-                f"`{name}=True` needs the model's internals, which generate() does not see; collect them in your "
-                "model (e.g. with Hooks' update_state) instead."
-            )
-    _check_streamer(streamer)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
-    if generator is not None and torch.device(generator.device).type != device.type:
-        raise ValueError(
-            f"`generator` is on {generator.device} but `input_ids` are on {device}; "
-            f"create it with torch.Generator(device={str(device)!r})."
-        )
-    if layout is not None and not isinstance(layout, Layout):
-        layout = Layout(layout)
 
     # 2. The config, exactly as HF's `generate` prepares it (defaults, lengths, validation, special tokens).
     do_sample = options.pop("do_sample", None)
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", **options)
-    _check_config(config, tokenizer, assistant_model)
+    check_config(config, tokenizer, assistant_model)
     if is_beam(config):
         check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
     host = ProcessorHost(device=device)
@@ -378,8 +326,8 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
             UserWarning,
             stacklevel=3,
         )
-    has_default_max_length = _has_default_max_length(options, generation_config)
-    host._as_mixin()._validate_generated_length(config, prompt_length, has_default_max_length)
+    default_max_length = has_default_max_length(options, generation_config)
+    host._as_mixin()._validate_generated_length(config, prompt_length, default_max_length)
 
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
     expand = config.num_beams if is_beam(config) else (config.num_return_sequences or 1)
@@ -418,111 +366,6 @@ def _prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gene
 def _decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:
     """Step 5, the loop of HF's `_sample` (`_loop.py`), in place on `call`."""
     decode(adapter, call, streamer, bar, loop or LoopOptions())
-
-
-def _check_input_ids(input_ids: Any) -> None:
-    if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"`input_ids` must be a (batch, seq) tensor of token ids, got {type(input_ids).__name__}.")
-    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-        raise TypeError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
-    if input_ids.ndim != 2:
-        hint = " (for one prompt, pass input_ids[None])" if input_ids.ndim == 1 else ""
-        raise ValueError(f"`input_ids` must be (batch, seq), got shape {tuple(input_ids.shape)}{hint}.")
-    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-        raise ValueError(
-            f"`input_ids` of shape {tuple(input_ids.shape)} is empty; generate() needs at least one prompt "
-            "with at least one token (e.g. a BOS token)."
-        )
-    if bool((input_ids < 0).any()):
-        raise ValueError(f"`input_ids` hold a negative token id ({int(input_ids.min())}); token ids are >= 0.")
-
-
-def _checked_mask(attention_mask: Any, input_ids: torch.Tensor) -> torch.Tensor:
-    if not isinstance(attention_mask, torch.Tensor):
-        raise TypeError(f"`attention_mask` must be a tensor of 0/1, got {type(attention_mask).__name__}.")
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, "
-            f"got {tuple(attention_mask.shape)}."
-        )
-    if attention_mask.device != input_ids.device:
-        raise ValueError(
-            f"`attention_mask` is on {attention_mask.device} but `input_ids` are on {input_ids.device}; "
-            "move one of them."
-        )
-    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-        raise ValueError("`attention_mask` must hold only 0 (padding) and 1 (token).")
-    empty = ~(attention_mask != 0).any(dim=-1)
-    if bool(empty.any()):
-        raise ValueError(
-            f"`attention_mask` row {int(empty.nonzero()[0, 0])} is all zeros: every prompt needs at least one token."
-        )
-    return attention_mask
-
-
-def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Generation options (fields of the installed `GenerationConfig`) and model inputs (the rest)."""
-    known = generation_option_names()
-    options = {name: value for name, value in kwargs.items() if name in known}
-    model_inputs = {name: value for name, value in kwargs.items() if name not in known}
-    for name in model_inputs:
-        if name in _HF_NAMES:
-            raise TypeError(f"generate() takes `{_HF_NAMES[name]}=` where HF's generate takes `{name}=`.")
-        if name == "assistant_tokenizer":
-            raise TypeError(
-                "generate() does not support `assistant_tokenizer` (HF's universal assisted decoding, a draft with "
-                "another tokenizer): the assistant must share the target's token ids."
-            )
-    return options, model_inputs
-
-
-def _did_you_mean(name: str) -> str:
-    return did_you_mean(name, [*generation_option_names(), *_PARAMETERS])
-
-
-def _check_lengths(options: dict[str, Any], generation_config: GenerationConfig | None) -> None:
-    value = options.get("max_new_tokens")
-    if value is None and generation_config is not None:
-        value = getattr(generation_config, "max_new_tokens", None)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"`max_new_tokens` must be an int >= 1, got {value!r}.")
-
-
-def _has_default_max_length(options: dict[str, Any], generation_config: GenerationConfig | None) -> bool:
-    return options.get("max_length") is None and (generation_config is None or generation_config.max_length is None)
-
-
-def _check_streamer(streamer: Any) -> None:
-    if streamer is None:
-        return
-    if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
-        raise TypeError(
-            f"`streamer` must have put(token_ids) and end() methods (a transformers streamer), "
-            f"got {type(streamer).__name__}."
-        )
-
-
-# Options HF's `generate` implements with more than logits processors: (is it set?, why it cannot work here).
-# (`guidance_scale` and `watermarking_config` are refused for the step and the loop alike in `_processors`.)
-_UNSUPPORTED = {
-    "penalty_alpha": (lambda value: value is not None and value > 0,
-                      "contrastive search re-ranks candidates with the model's hidden states. Transformers 5 moved "
-                      "it out of its core into the Hub repository transformers-community/contrastive-search"),
-    "token_healing": (lambda value: bool(value), "token healing re-tokenizes the prompt; heal it before the call"),
-}
-
-
-def _check_config(config: GenerationConfig, tokenizer: Any, assistant_model: Any = None) -> None:
-    for name, (is_set, why) in _UNSUPPORTED.items():
-        value = getattr(config, name, None)
-        if is_set(value):
-            raise ValueError(f"generate() does not support `{name}`={value!r}: {why}.")
-    check_strategy(config, assistant_model)  # greedy, sampling, beams, assisted; the refused ones say why
-    if config.stop_strings is not None and tokenizer is None:
-        raise ValueError(
-            f"`stop_strings`={config.stop_strings!r} needs `tokenizer=`: HF's StopStringCriteria matches the "
-            "strings against the tokenizer's vocabulary. Pass the tokenizer that made `input_ids`."
-        )
 
 
 def _criteria_list(stopping_criteria: Iterable[Callable] | None) -> StoppingCriteriaList:
