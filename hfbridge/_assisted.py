@@ -6,6 +6,16 @@ generators, speculative sampling and draft-length schedules run unchanged on `Ta
 target) and `DraftHost` (the assistant; see `_assisted_hosts.py`), so the result is HF's by
 construction on every supported version. Rolling back rejected drafts goes through
 `ModelAdapter.crop` (see `_cache.crop_cache`).
+
+Greedy assisted decoding returns greedy search's tokens; only the number of model calls changes:
+
+>>> import torch
+>>> from hfbridge import generate
+>>> table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))  # a bigram "model"
+>>> model, prompt = (lambda ids: table[ids]), torch.tensor([[1, 2]])
+>>> looked_up = generate(model, prompt, prompt_lookup_num_tokens=2, max_new_tokens=6)
+>>> torch.equal(looked_up, generate(model, prompt, max_new_tokens=6))
+True
 """
 
 from __future__ import annotations

@@ -10,6 +10,15 @@ HF's `AssistedCandidateGenerator` drafts by calling `assistant_model.generate(..
 its `past_key_values` from one call to the next. `DraftHost` is that assistant: its `generate` is
 hfbridge's own loop (`_prepare` + `_decode`, which equals HF's `_sample`) on the draft's adapter,
 resumed from the state the previous draft left and HF cropped, so the draft can be any model form.
+
+>>> import torch
+>>> from hfbridge import generate
+>>> table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+>>> target, draft = (lambda ids: table[ids]), (lambda ids: table[ids] + 0.5 * table[ids].flip(-1))
+>>> prompt = torch.tensor([[1, 2]])
+>>> torch.equal(generate(target, prompt, assistant_model=draft, max_new_tokens=6),
+...             generate(target, prompt, max_new_tokens=6))      # greedy: the target's tokens, whatever the draft
+True
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ The installed transformers' loop runs unchanged on a `LoopHost` (see `_hf_loops.
 `return_dict_in_generate=True` HF's `GenerateBeamDecoderOnlyOutput` (`sequences_scores`, `scores`,
 `logits`, `beam_indices`), are therefore HF's for the same options and seed. The model's cache
 follows the beams through the adapter's `reorder_cache`.
+
+>>> import torch
+>>> from hfbridge import generate
+>>> table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))  # a bigram "model"
+>>> generate(lambda ids: table[ids], torch.tensor([[1, 2]]), num_beams=3, max_new_tokens=4)
+tensor([[ 1,  2, 13,  9,  3, 11]])
 """
 
 from __future__ import annotations

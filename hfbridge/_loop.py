@@ -6,6 +6,17 @@ of the model's output -> processors and token choice on one float32 copy (none f
 device value on the host, except `torch.multinomial`'s own check in exact sampling and a
 streamer's tokens: the validity of each row (NaN, nothing left to choose) and the finished rows
 are flags on the device that `FinishedRows` reads together, once every `check_every` steps.
+
+Reading the finished rows every fourth step changes no token (rows that finished meanwhile get
+padding, as they would have):
+
+>>> import torch
+>>> from hfbridge import generate
+>>> table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+>>> prompts, options = torch.tensor([[1, 2], [3, 4]]), dict(max_new_tokens=6, eos_token_id=5, pad_token_id=0)
+>>> torch.equal(generate(lambda ids: table[ids], prompts, check_every=4, **options),
+...             generate(lambda ids: table[ids], prompts, **options))
+True
 """
 
 from __future__ import annotations

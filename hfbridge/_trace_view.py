@@ -1,4 +1,15 @@
-"""How a `GenerationTrace` is shown: a text table, an HTML fragment (Jupyter), a page, a plot."""
+"""How a `GenerationTrace` is shown: a text table, an HTML fragment (Jupyter), a page, a plot.
+
+>>> import torch
+>>> from transformers.generation.utils import GenerateDecoderOnlyOutput
+>>> from hfbridge import explain_generation
+>>> scores = (torch.tensor([[0.0, 2.0, float("-inf")]]),)     # one step, vocabulary of 3
+>>> trace = explain_generation(GenerateDecoderOnlyOutput(sequences=torch.tensor([[0, 1]]), scores=scores))
+>>> print(text_table(trace))
+explain_generation: row 0 of 1, 1 generated token, ...
+step  token         p  rank   left      H  alternatives
+   0  #1        0.881     1      2   0.37  #0 0.12
+"""
 
 from __future__ import annotations
 
