@@ -15,7 +15,7 @@ MODULES = sorted(name for _, name, _ in pkgutil.walk_packages(hfbridge.__path__,
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-    assert result.failed == 0
+    assert result.failed == 0 and result.attempted > 0  # every module shows how it is used
 
 
 def test_discovery_finds_the_modules():
