@@ -53,8 +53,11 @@ def check_beam_options(config: GenerationConfig, adapter: ModelAdapter, *, strea
 
 def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 state: dict[str, Any], config: GenerationConfig, sampler: Any, criteria: Any, prompts: int,
-                on_step: Any = None) -> Any:
+                on_step: Any = None, synced: bool = False) -> Any:
     """HF's `_beam_search` on `adapter`: `input_ids` and `attention_mask` are `(prompts * num_beams, seq)`.
+
+    With `synced`, HF's loop keeps this rank calling its model until every rank of `torch.distributed`
+    is finished (`synced_gpus`); the host feeds the last token again on those calls.
 
     Returns what HF's loop returns: the sequences `(prompts * num_return_sequences, seq')`, or a
     `GenerateBeamDecoderOnlyOutput` whose `past_key_values` is the adapter's cache.
@@ -66,7 +69,7 @@ def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mas
     why = f"beam search keeps {candidates} candidates per beam (2, or 1 + the number of eos tokens)"
     host: Any = LoopHost(adapter, state, sampler, prompts=prompts, rows_per_prompt=config.num_beams,
                          rows_name="num_beams", device=input_ids.device, on_step=on_step,
-                         min_vocab=(candidates, why))
+                         min_vocab=(candidates, why), lockstep=synced)
     model_kwargs = host.model_kwargs(attention_mask)
     processors = sampler.processors
     if "beam_scorer" in inspect.signature(GenerationMixin._beam_search).parameters:
@@ -77,10 +80,10 @@ def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mas
             num_beam_hyps_to_keep=config.num_return_sequences, max_length=config.max_length,
         )
         result = host._beam_search(input_ids, scorer, logits_processor=processors, stopping_criteria=criteria,
-                                   generation_config=config, synced_gpus=False, **model_kwargs)
+                                   generation_config=config, synced_gpus=synced, **model_kwargs)
     else:
         result = host._beam_search(input_ids, logits_processor=processors, stopping_criteria=criteria,
-                                   generation_config=config, synced_gpus=False, **model_kwargs)
+                                   generation_config=config, synced_gpus=synced, **model_kwargs)
     if isinstance(result, torch.Tensor):
         return result
     # HF puts its `past_key_values` (here the host's handle) in the output; users want their cache.

@@ -183,8 +183,9 @@ def generate(
             Default: 1 (every step, as HF).
         synced_gpus: Keep the ranks of `torch.distributed` in lockstep, as HF's `synced_gpus`
             (needed under DeepSpeed ZeRO-3 or FSDP): a rank whose rows are finished keeps calling
-            its model until every rank is finished. Default None: HF's rule, on when ZeRO-3 is
-            enabled or the model is FSDP-managed and the process group has more than one rank.
+            its model until every rank is finished (greedy search, sampling and beam search).
+            Default None: HF's rule, on when ZeRO-3 is enabled or the model is FSDP-managed and the
+            process group has more than one rank.
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
@@ -254,7 +255,8 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
         try:
             return beam_search(adapter, input_ids=call.sequences, attention_mask=call.mask, state=call.state,
                                config=call.config, sampler=call.sampler, criteria=call.criteria,
-                               prompts=call.prompts, on_step=None if bar is None else lambda: bar.update(1))
+                               prompts=call.prompts, on_step=None if bar is None else lambda: bar.update(1),
+                               synced=loop.synced)
         finally:
             if bar is not None:
                 bar.close()

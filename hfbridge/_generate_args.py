@@ -38,8 +38,9 @@ _HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_token
 
 
 def check_loop_options(loop: LoopOptions, config: GenerationConfig, assistant_model: Any) -> None:
-    """`check_every` and `synced_gpus` belong to hfbridge's own greedy/sampling loop; HF's beam and assisted
-    loops run here without them, so asking for them there is refused rather than silently ignored."""
+    """`check_every` belongs to hfbridge's own greedy/sampling loop, and `synced_gpus` to it and beam
+    search; HF's other loops run here without them, so asking for them there is refused rather than
+    silently ignored."""
     if is_assisted(config, assistant_model):
         strategy = "assisted / prompt-lookup decoding"
     elif is_beam(config):
@@ -51,11 +52,11 @@ def check_loop_options(loop: LoopOptions, config: GenerationConfig, assistant_mo
             f"`check_every`={loop.check_every} applies to greedy search and sampling; {strategy} runs HF's own "
             "loop, which checks every step. Drop check_every."
         )
-    if loop.synced:
+    if loop.synced and not is_beam(config):
         raise ValueError(
             f"`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge supports for greedy "
-            f"search and sampling only, not yet for {strategy}; use one of those, or synced_gpus=False when every "
-            "rank makes the same number of model calls anyway."
+            f"search, sampling and beam search, not yet for {strategy}; use one of those, or synced_gpus=False when "
+            "every rank makes the same number of model calls anyway."
         )
 
 

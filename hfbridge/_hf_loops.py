@@ -73,6 +73,9 @@ class LoopHost(ProcessorHost):
         on_step: Called after every model call (a progress bar's update). Default: None.
         min_vocab: The fewest vocabulary columns the loop can work with, and why (for the error).
             Default: `(1, "")`.
+        lockstep: HF's loop runs with `synced_gpus`: once this rank is finished it still calls the
+            model, with the same sequences and a mask one longer each time; the host then feeds the
+            last token again for every extra mask column (the outputs are thrown away). Default: False.
 
     >>> import torch
     >>> from hfbridge import Recompute, Sampler
@@ -83,7 +86,8 @@ class LoopHost(ProcessorHost):
 
     def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, prompts: int,
                  rows_per_prompt: int = 1, rows_name: str = "num_beams", device: torch.device | None = None,
-                 on_step: Callable[[], Any] | None = None, min_vocab: tuple[int, str] = (1, "")):
+                 on_step: Callable[[], Any] | None = None, min_vocab: tuple[int, str] = (1, ""),
+                 lockstep: bool = False):
         super().__init__(device=device)
         self.adapter = adapter
         self.state = state
@@ -93,6 +97,7 @@ class LoopHost(ProcessorHost):
         self.rows_name = rows_name
         self.on_step = on_step
         self.min_vocab, self.min_vocab_reason = min_vocab
+        self.lockstep = lockstep
         self.step = 0  # model calls so far; step 0 is the prompt's forward pass
         self.fed = 0  # tokens of the sequence the model has seen
         self.vocab: int | None = None
@@ -113,6 +118,10 @@ class LoopHost(ProcessorHost):
         step = self.step
         if attention_mask is not None:
             self.state["attention_mask"] = attention_mask
+            if self.lockstep and attention_mask.shape[1] > input_ids.shape[1]:
+                # synced_gpus, this rank finished: HF calls again with the same sequences (`_lockstep.py`)
+                repeats = attention_mask.shape[1] - input_ids.shape[1]
+                input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(-1, repeats)], dim=-1)
         outputs, self.state = forward_and_update(self.adapter, input_ids, self.state, step,
                                                  f"{input_ids.shape[1]} tokens so far")
         rows = self._rows(self.adapter.logits(outputs), input_ids, step)  # [N, V]

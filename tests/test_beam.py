@@ -442,14 +442,14 @@ def test_reorder_state_must_return_the_state():
 
 
 def test_loop_only_options_refused_with_beams_and_drafts():
-    # check_every and synced_gpus belong to hfbridge's own greedy/sampling loop: refused, not ignored.
+    # check_every belongs to hfbridge's own greedy/sampling loop: refused, not ignored (synced_gpus: below).
     _refused(ValueError, "`check_every`=2 applies to greedy search and sampling; beam search runs HF's own loop",
              num_beams=2, check_every=2)
     _refused(ValueError, "`check_every`=3 applies to greedy search and sampling; assisted / prompt-lookup decoding",
              prompt_lookup_num_tokens=2, check_every=3)
 
 
-def test_synced_gpus_refused_with_beams():
+def test_synced_gpus_refused_with_drafts():
     import socket
 
     import torch.distributed as dist
@@ -460,7 +460,7 @@ def test_synced_gpus_refused_with_beams():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         _refused(ValueError, "`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge "
-                 "supports for greedy search and sampling only, not yet for beam search", num_beams=2,
-                 synced_gpus=True)
+                 "supports for greedy search, sampling and beam search, not yet for assisted / prompt-lookup "
+                 "decoding", prompt_lookup_num_tokens=2, synced_gpus=True)
     finally:
         dist.destroy_process_group()
