@@ -12,7 +12,8 @@ from ._hooks import Hooks
 from ._layout import Layout, from_rows, to_rows
 from ._models import InputPos, ModelAdapter, Recompute, ReturnsCache
 from ._processors import build_processors
-from ._step import Sampler, sample_step
+from ._sample_step import sample_step
+from ._step import Sampler
 from ._streamers import NotebookStreamer
 from ._trace import GenerationTrace, TokenStep, explain_generation
 from ._transition_scores import compute_transition_scores

@@ -281,13 +281,13 @@ def test_layout_error_quotes_layout_and_shape():
 
 
 def test_sample_step_reuses_its_processors_across_calls():
-    from hfbridge import _step
+    from hfbridge import _sample_step
 
     logits, ids = logits_3d(0), context(0)
     sample_step(logits, ids, temperature=0.9, top_p=0.8, bad_words_ids=[[1], [2, 3]])
-    cached = dict(_step._SAMPLER_CACHE)
+    cached = dict(_sample_step._SAMPLER_CACHE)
     sample_step(logits_3d(1), context(1), temperature=0.9, top_p=0.8, bad_words_ids=[[1], [2, 3]])
-    assert cached == _step._SAMPLER_CACHE  # nothing rebuilt
+    assert cached == _sample_step._SAMPLER_CACHE  # nothing rebuilt
 
 
 def test_reused_processors_follow_the_vocabulary_width():

@@ -156,10 +156,10 @@ def test_sampler_cache_is_thread_safe_and_bounded(monkeypatch):
     import sys
     import threading
 
-    from hfbridge import _step
+    from hfbridge import _sample_step
 
     size = 4
-    monkeypatch.setattr(_step, "_SAMPLER_CACHE_SIZE", size)
+    monkeypatch.setattr(_sample_step, "_SAMPLER_CACHE_SIZE", size)
     x = torch.randn(2, 10, generator=torch.Generator().manual_seed(0))
     errors = []
 
@@ -183,14 +183,14 @@ def test_sampler_cache_is_thread_safe_and_bounded(monkeypatch):
     sys.setswitchinterval(1e-6)  # switch threads as often as possible: provokes the race
     try:
         for tag in range(80):  # the unlocked cache overflowed in about one round of ten
-            _step._SAMPLER_CACHE.clear()
+            _sample_step._SAMPLER_CACHE.clear()
             for i in range(size - 1):  # one free place: every thread wants it
                 sample_step(x, temperature=2.0 + i * 0.1, top_k=3)
             one_round(tag)
-            assert errors == [] and len(_step._SAMPLER_CACHE) <= size, (tag, errors, len(_step._SAMPLER_CACHE))
+            assert errors == [] and len(_sample_step._SAMPLER_CACHE) <= size, (tag, errors, len(_sample_step._SAMPLER_CACHE))
     finally:
         sys.setswitchinterval(interval)
-        _step._SAMPLER_CACHE.clear()
+        _sample_step._SAMPLER_CACHE.clear()
 
 
 # ---- option types and ranges (items 7, 8) ----
