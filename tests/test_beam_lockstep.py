@@ -7,11 +7,9 @@ returns alone, which is what HF's own `model.generate(num_beams=3)` returns for 
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import socket
-
 import pytest
 import torch
+from _two_ranks import run_two_ranks
 
 from hfbridge import Recompute, ReturnsCache, generate
 
@@ -61,35 +59,8 @@ def _run_rank(rank: int, port: int) -> tuple:
     return expected, alone, synced, hf_synced
 
 
-def _rank_worker(rank: int, port: int, results) -> None:
-    try:
-        results.put((rank, _run_rank(rank, port)))
-    except BaseException as error:  # report instead of leaving the test waiting
-        results.put((rank, f"{type(error).__name__}: {error}"))
-        raise
-
-
 def test_beam_search_synced_gpus_two_gloo_ranks():
-    context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    results = context.Queue()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    processes = [context.Process(target=_rank_worker, args=(rank, port, results)) for rank in (0, 1)]
-    for process in processes:
-        process.start()
-    got = {}
-    try:
-        for _ in processes:
-            rank, value = results.get(timeout=180)
-            assert not isinstance(value, str), value
-            got[rank] = value
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-    assert all(process.exitcode == 0 for process in processes)
+    got = run_two_ranks(_run_rank, timeout=180)
     for rank in (0, 1):
         expected, alone, synced, hf_synced = got[rank]
         assert hf_synced == expected["cache"]  # HF's own lockstep changes no beam

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import doctest
 import re
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from _host_reads import HostReads
+from _two_ranks import run_two_ranks
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -362,15 +361,7 @@ class Positions(torch.nn.Module):
 RANK_PROMPTS = {0: [[2, 7]], 1: [[2, 3], [2, 6]]}
 
 
-def _rank_worker(rank: int, port: int, results) -> None:
-    try:
-        _run_rank(rank, port, results)
-    except BaseException as error:  # report instead of leaving the test waiting
-        results.put((rank, f"{type(error).__name__}: {error}"))
-        raise
-
-
-def _run_rank(rank: int, port: int, results) -> None:
+def _run_rank(rank: int, port: int) -> tuple:
     torch.set_num_threads(1)
     prompt = torch.tensor(RANK_PROMPTS[rank])
     options = dict(max_new_tokens=12, eos_token_id=EOS, pad_token_id=0)
@@ -394,40 +385,15 @@ def _run_rank(rank: int, port: int, results) -> None:
                    check_every.calls)
     finally:
         torch.distributed.destroy_process_group()
-    results.put((rank, alone, synced, default, checked, sharded))
+    return alone, synced, default, checked, sharded
 
 
 def _calls(model) -> int:
     return getattr(model, "model", model).calls
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_synced_gpus_two_gloo_ranks():
-    # fork: the ranks start at once instead of importing torch and transformers again (the workers
-    # use one thread and no accelerator, so forking torch is safe here)
-    context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    results = context.Queue()
-    port = _free_port()
-    processes = [context.Process(target=_rank_worker, args=(rank, port, results)) for rank in (0, 1)]
-    for process in processes:
-        process.start()
-    got = {}
-    try:
-        for _ in processes:
-            rank, *values = results.get(timeout=120)
-            assert not isinstance(values[0], str), values[0]
-            got[rank] = values
-    finally:
-        for process in processes:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-    assert all(process.exitcode == 0 for process in processes)
+    got = run_two_ranks(_run_rank)
     for rank in (0, 1):
         alone, synced, default, checked, sharded = got[rank]
         assert sharded[0] == alone["plain"][0] and sharded[1] == 6  # lockstep by default, as HF
