@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["draw", "draw_checked", "draw_one_row", "pick"]
+__all__ = ["draw", "draw_checked", "draw_one_row", "draw_one_row_known", "host_view", "pick"]
 
 
 def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block: int | None = None) -> torch.Tensor:
@@ -104,16 +104,39 @@ def draw_one_row(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor,
     >>> tokens.tolist(), valid.tolist()
     ([3], [True])
     """
-    scores = cand.numpy(force=True)[0]  # [K] float32, the best first (force: scores that require grad)
+    token, valid = draw_one_row_known(ids, cand, keep, generator)
+    return token, torch.tensor([valid])
+
+
+def draw_one_row_known(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor,
+                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
+    """`draw_one_row` with the validity as a Python bool: the caller reads it without a torch op.
+
+    >>> draw_one_row_known(torch.tensor([[7, 3]]), torch.tensor([[float("nan"), 1.0]]), torch.tensor([[True, True]]))
+    (tensor([7]), False)
+    """
+    scores = host_view(cand)[0]  # [K] float32, the best first
     uniform = torch.rand((1, 1), generator=generator, dtype=torch.float64).item()  # `pick`'s draw
-    first = ids.numpy()[0, :1]  # `pick`'s token for a row without a distribution
+    listed = ids.numpy()[0]  # [K]
     if not math.isfinite(scores[0]):  # NaN, +inf or only -inf
-        return torch.from_numpy(first.copy()), torch.zeros(1, dtype=torch.bool)
+        return torch.from_numpy(listed[:1].copy()), False  # `pick`'s token for a row without a distribution
     weights = torch.from_numpy(scores - scores[0]).exp_().numpy()  # [K] torch's exp, as `pick`'s callers
     running = np.add.accumulate(weights * keep.numpy()[0], dtype=np.float64)  # [K]
     total = float(running[-1])
     if not total > 0:  # NaN weights, or none kept
-        return torch.from_numpy(first.copy()), torch.zeros(1, dtype=torch.bool)
+        return torch.from_numpy(listed[:1].copy()), False
     target = min(uniform * total, total * (1 - 2.0**-52))
     index = min(int(np.searchsorted(running, target, side="right")), running.shape[0] - 1)
-    return torch.from_numpy(ids.numpy()[0, index:index + 1].copy()), torch.ones(1, dtype=torch.bool)
+    return torch.from_numpy(listed[index:index + 1].copy()), True
+
+
+def host_view(values: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a NumPy view (no copy), also for a tensor that requires grad.
+
+    `numpy(force=True)` would run four dispatched ops (detach, cpu, resolve_conj, resolve_neg)
+    on every call, tens of µs once a step's large ops have evicted their code from the caches.
+
+    >>> host_view(torch.ones(2, requires_grad=True)).tolist()
+    [1.0, 1.0]
+    """
+    return (values.detach() if values.requires_grad else values).numpy()

@@ -83,7 +83,7 @@ from transformers import (
 )
 
 from ._candidates import TopPTry, top_candidates, top_p_count
-from ._draw import draw, draw_checked, draw_one_row, pick
+from ._draw import draw, draw_checked, draw_one_row_known, pick
 from ._fixed_shape import top_p_keep
 from ._one_row import one_row_top_p
 from ._processor_list import check_processor_output
@@ -150,12 +150,24 @@ class FastDraw:
         valid: `(batch,)` bool on the device of the scores: False for a row whose final scores hold
             NaN or `+inf` or nothing above `-inf` (HF's `torch.multinomial` fails on it). Computed
             without a host-device sync; reading it is the caller's choice of sync point.
+        known_valid: Whether every row is valid when the route already knows it on the host (the
+            one-row CPU draw), else None: then only `valid` tells.
     """
 
-    def __init__(self, tokens: torch.Tensor, valid: torch.Tensor, state: _State) -> None:
+    def __init__(self, tokens: torch.Tensor, valid: torch.Tensor | bool, state: _State) -> None:
         self.tokens = tokens  # [N]
-        self.valid = valid  # [N] bool
+        self._valid = valid  # [N] bool, or a single row's answer known on the host
         self._state = state
+
+    @property
+    def valid(self) -> torch.Tensor:
+        if isinstance(self._valid, bool):  # built on demand: a step that is valid never needs the tensor
+            self._valid = torch.tensor([self._valid], device=self.tokens.device)
+        return self._valid
+
+    @property
+    def known_valid(self) -> bool | None:
+        return self._valid if isinstance(self._valid, bool) else None
 
     def final_scores(self) -> torch.Tensor:
         """`(batch, vocab)` the scores HF's processors return for this step (written on demand).
@@ -279,16 +291,16 @@ class _State:
                 self.keep = top_p_mask(self.probs, top_p, at_least, scores=self.scores, branch=True)
             self.top_p = None
 
-    def sample(self, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(batch,)` tokens and `(batch,)` bool validity: the softmax of a row with NaN, `+inf` or
-        only `-inf` is all NaN, and the draw flags NaN weights."""
+    def sample(self, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | bool]:
+        """`(batch,)` tokens and `(batch,)` bool validity (a Python bool from the one-row CPU draw):
+        the softmax of a row with NaN, `+inf` or only `-inf` is all NaN, and the draw flags NaN weights."""
         if self.ids is not None and self.filter_value == _NEG_INF:
             assert self.cand is not None and self.cand_keep is not None  # set together with `ids`
             # Unnormalised exp(cand - max): each weight is the same whatever the number of
             # candidates, so the token does not depend on how many were tried (pick's running sum
             # is sequential). NaN for a row whose best is NaN, +inf or -inf: flagged by `pick`.
             if self.ids.shape[0] == 1:  # `ids` come from the CPU candidate routes only
-                return draw_one_row(self.ids, self.cand, self.cand_keep, generator)
+                return draw_one_row_known(self.ids, self.cand, self.cand_keep, generator)
             weights = (self.cand - self.cand[:, :1]).exp_().masked_fill_(~self.cand_keep, 0.0)  # [N, K]
             index, valid = pick(weights, generator)
             return self.ids.gather(1, index[:, None]).squeeze(1), valid

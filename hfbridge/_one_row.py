@@ -41,6 +41,7 @@ import math
 import numpy as np
 import torch
 
+from ._draw import host_view
 from ._top_p import float32, rounds_at_most
 
 __all__ = ["MAX_SORTED", "one_row_top_p"]
@@ -72,7 +73,7 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
         tokens share the bucket of the cut, or `at_least` reaches past the kept tokens.
     """
     memo = {} if memo is None else memo
-    p = probs.numpy(force=True)[0]  # [V] float32, a view (force: logits that require grad)
+    p = host_view(probs)[0]  # [V] float32, a view
     bits = p.view(np.uint32)  # non-negative floats order like their bit patterns
     cut, inclusive = _removal_cut(top_p)
     bound = memo.get(_MEMO_KEY)
@@ -111,7 +112,7 @@ def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cu
     count = ids.shape[0]
     if not at_least <= count <= MAX_SORTED:
         return None
-    cand = scores.numpy(force=True)[0, ids]  # [K] float32
+    cand = host_view(scores)[0, ids]  # [K] float32
     order = np.argsort(-cand, kind="stable")  # descending score, equal scores by ascending id
     ids, cand, picked = ids[order], cand[order], p[ids][order]
     # HF's running sum in ascending order (`top_p_count`'s arithmetic), started by the mass under them.
@@ -137,7 +138,7 @@ def _dense_keep(scores: torch.Tensor, p: np.ndarray, bits: np.ndarray, in_binade
     ids = in_binade[bucket == cut_bucket]  # [m] ascending
     if ids.shape[0] > MAX_SORTED:
         return None
-    ids = ids[np.argsort(-scores.numpy(force=True)[0, ids], kind="stable")]  # by score, equal by id
+    ids = ids[np.argsort(-host_view(scores)[0, ids], kind="stable")]  # by score, equal by id
     cumulative = np.add.accumulate(p[ids][::-1], dtype=np.float64) + float(below[cut_bucket])  # ascending
     removed = int(np.searchsorted(cumulative, cut, side="right" if inclusive else "left"))
     keep = bits >= np.uint32((binade << _EXPONENT_SHIFT) + ((cut_bucket + 1) << _SUB_SHIFT))  # [V]

@@ -16,6 +16,7 @@ logits processor 0 (<lambda>) returned scores of shape (1, 2), expected (1, 3) l
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable
 from typing import Any
@@ -54,8 +55,10 @@ class CheckedProcessorList(LogitsProcessorList):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         for index, processor in enumerate(self):
-            # HF's own call for one processor: it decides which keyword arguments the processor takes.
-            output = LogitsProcessorList.__call__([processor], input_ids, scores, **kwargs)  # type: ignore[arg-type]
+            if _takes_scores_only(processor):  # what HF's list does with it, without its `inspect.signature`
+                output = processor(input_ids, scores)
+            else:  # HF's own call for one processor: it decides which keyword arguments the processor takes
+                output = LogitsProcessorList.__call__([processor], input_ids, scores, **kwargs)  # type: ignore[arg-type]
             scores = check_processor_output(processor, scores, output, index=index)
         return scores
 
@@ -66,6 +69,24 @@ class CheckedProcessorList(LogitsProcessorList):
     def _repr_html_(self) -> str:
         """The same as a numbered list, for notebooks."""
         return processor_list_html(self, "LogitsProcessorList")
+
+
+_SCORES_ONLY: dict[type, bool] = {}  # HF's processor classes -> their `__call__` takes (input_ids, scores) only
+
+
+def _takes_scores_only(processor: Any) -> bool:
+    """Whether HF's `LogitsProcessorList` calls `processor` as `processor(input_ids, scores)`, known
+    without asking `inspect.signature` (which HF's list does for every processor at every step,
+    about 10 µs each, more once a step's large ops have evicted its code from the caches). Only
+    transformers' own processor classes are remembered, by class, unless an instance carries its
+    own `__call__`; anything else goes through HF's list."""
+    kind = type(processor)
+    known = _SCORES_ONLY.get(kind)
+    if known is None:
+        from_hf = kind.__module__ == LogitsProcessorList.__module__
+        known = from_hf and len(inspect.signature(kind.__call__).parameters) == 3  # (self, input_ids, scores)
+        _SCORES_ONLY[kind] = known
+    return known and "__call__" not in getattr(processor, "__dict__", ())
 
 
 def check_processor_output(processor: Callable, scores: torch.Tensor, output: Any, *, index: int | None = None

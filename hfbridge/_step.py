@@ -9,7 +9,7 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import torch
@@ -21,48 +21,7 @@ from ._processor_list import processor_name
 from ._processors import make_generation_config, processors_for_config
 from ._routes import greedy_choice, ids_outside
 from ._row_errors import invalid_rows_error
-
-
-def extract_logits(output: Any) -> torch.Tensor:
-    """The logits tensor inside a model output: a tensor, a tuple/list (first item), a mapping with
-    `"logits"` or an object with a `.logits` attribute (HF's `ModelOutput`).
-
-    >>> extract_logits((torch.zeros(1, 3), "cache")).shape
-    torch.Size([1, 3])
-    """
-    logits = output
-    if not isinstance(logits, torch.Tensor):
-        if isinstance(output, Mapping):
-            if "logits" not in output:
-                raise TypeError(
-                    f"`logits` is a mapping without a 'logits' key (keys: {list(output)[:8]}); "
-                    "pass the logits tensor or an output holding it under 'logits'."
-                )
-            logits = output["logits"]
-        elif hasattr(output, "logits"):
-            logits = output.logits
-        elif isinstance(output, (tuple, list)):
-            if not output:
-                raise TypeError("`logits` is an empty tuple/list; expected the logits as its first element.")
-            logits = output[0]
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(
-            "`logits` must be a tensor, a tuple/list whose first element is one, a mapping with 'logits' "
-            f"or an object with `.logits`; got {type(output).__name__}"
-            + (f" holding {type(logits).__name__}" if logits is not output else "") + "."
-        )
-    if not logits.is_floating_point():
-        raise TypeError(f"`logits` must be a floating-point tensor, got dtype {logits.dtype}.")
-    return logits
-
-
-def _check_not_meta(logits: torch.Tensor) -> None:
-    if logits.is_meta:
-        raise ValueError(
-            f"`logits` of shape {tuple(logits.shape)} are on the meta device: they have a shape but no values, so "
-            "there is nothing to choose from. Run the model on a real device (load or materialize its weights "
-            "first, e.g. `model.to_empty(device=...)` then load the state dict)."
-        )
+from ._step_inputs import check_not_meta, extract_logits, keeps_ids_intact
 
 
 class Sampler:
@@ -161,7 +120,7 @@ class Sampler:
         self._vocab_checked: int | None = None
         self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
         self._processors = self._build(self._device)
-        self.invalid_rows: torch.Tensor | None = None  # [N] bool, see `check_rows`
+        self._fast_valid: torch.Tensor | bool | None = None  # [N] bool (or one row's, known): `invalid_rows`
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
 
@@ -169,12 +128,15 @@ class Sampler:
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
         self.generator = generator
+        self._generator_fits: tuple[torch.Generator, torch.device] | None = None  # checked last, see `_check_generator`
 
     def _build(self, device: torch.device) -> LogitsProcessorList:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
-        return processors_for_config(self.generation_config, processors=self._user_processors,
-                                     prompt_length=self.prompt_length, attention_mask=mask, device=device,
-                                     prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
+        processors = processors_for_config(self.generation_config, processors=self._user_processors,
+                                           prompt_length=self.prompt_length, attention_mask=mask, device=device,
+                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
+        self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
+        return processors
 
     @property
     def processors(self) -> LogitsProcessorList:
@@ -198,12 +160,12 @@ class Sampler:
 
         `rows` is the last-position `(rows, vocab)` view of the caller's logits (padded vocabulary
         dropped; read it, never write it), `ids` a private `(rows, seq)` int64 copy of
-        `input_ids` (not copied when no processor reads them), and `batch_shape` the layout's
+        `input_ids` (not copied when no processor could write them), and `batch_shape` the layout's
         batch axes (`from_rows` restores them).
         """
         logits = extract_logits(logits)
         self._check_generator(logits.device)
-        _check_not_meta(logits)
+        check_not_meta(logits)
         layout = self.layout_of(logits)
         layout.check(logits)
         batch_shape = layout.batch_shape(logits)
@@ -253,14 +215,24 @@ class Sampler:
             lent = rows.dtype == torch.float32
             result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self.generator,
                                memo=self._fast_memo, read_only=lent)
-            self.invalid_rows = ~result.valid  # [N] bool, on the device: no sync
+            self._fast_valid = result.known_valid if result.known_valid is not None else result.valid  # no sync
             self._last_fast = (result, rows)
             if check or (check is None and rows.device.type == "cpu"):
                 self.check_rows()
             return result.tokens
         if not processors and not self.do_sample:
             return self.choose(rows)  # plain argmax reads the logits without copying them
-        return self.choose(self.process(input_ids, self._float_copy(rows)), raw=rows)
+        # `process` without its checks, made above
+        return self.choose(processors(cast(torch.LongTensor, input_ids), self._float_copy(rows)), raw=rows)
+
+    @property
+    def invalid_rows(self) -> torch.Tensor | None:
+        """`(rows,)` bool on the logits' device: True for each row the last fast `next_tokens` call
+        could not sample (see `check_rows`); None before such a call. Reading it makes no host read."""
+        valid = self._fast_valid
+        if isinstance(valid, bool):  # one CPU row whose draw knew the answer: no tensor made until asked
+            return torch.tensor([not valid])
+        return None if valid is None else ~valid
 
     def check_rows(self, invalid: bool | None = None) -> None:
         """Raise exact mode's error if the last fast `next_tokens` call left a row it could not sample.
@@ -286,7 +258,8 @@ class Sampler:
             return
         result, raw = last
         if invalid is None:
-            invalid = bool((~result.valid).any())
+            known = result.known_valid  # the one-row CPU draw's answer: no op to read
+            invalid = not known if known is not None else bool((~result.valid).any())
         if not invalid:
             return
         scores = result.final_scores()  # [N, V] HF's processed scores; invalid rows keep their cause
@@ -298,7 +271,7 @@ class Sampler:
         Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
         """
         logits = extract_logits(logits)
-        _check_not_meta(logits)
+        check_not_meta(logits)
         rows = self._float_copy(self.last_rows(logits))
         if self.generation_config.remove_invalid_values:
             return rows  # HF's InfNanRemoveLogitsProcessor turns NaN into 0: the processed scores are checked
@@ -369,8 +342,8 @@ class Sampler:
             raise ValueError(
                 f"`input_ids` are on {input_ids.device} but the logits are on {device}; move one of them."
             )
-        # [N, T]: a private copy for processors (they may be user code); no processor, no reader
-        ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=bool(self._processors))
+        # [N, T]: a private copy for processors that might write them (user code); none for HF's own
+        ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=self._ids_copied)
         if vocab is not None and ids.numel() and ids_outside(ids, vocab):  # one pass, one host read
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise ValueError(
@@ -386,8 +359,9 @@ class Sampler:
         return self._processors
 
     def _check_generator(self, device: torch.device) -> None:
-        if self.generator is None:
-            return
+        fits = self._generator_fits
+        if self.generator is None or (fits is not None and fits[0] is self.generator and fits[1] == device):
+            return  # checked at the last step (twice a step in exact sampling: `prepare` and `choose`)
         generator_device = torch.device(self.generator.device)
         if generator_device.type != device.type or (
             device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
@@ -396,6 +370,7 @@ class Sampler:
                 f"`generator` is on {generator_device} but the logits are on {device}; "
                 f"create it with torch.Generator(device={str(device)!r})."
             )
+        self._generator_fits = (self.generator, device)
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""

@@ -1,0 +1,92 @@
+"""A step's inputs as the caller hands them: the logits inside a model output, and which
+processors leave the token ids as they found them.
+
+>>> extract_logits({"logits": torch.zeros(1, 3)}).shape
+torch.Size([1, 3])
+>>> from transformers import TemperatureLogitsWarper
+>>> keeps_ids_intact([TemperatureLogitsWarper(0.7)]), keeps_ids_intact([lambda ids, scores: scores])
+(True, False)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["check_not_meta", "extract_logits", "keeps_ids_intact"]
+
+
+def extract_logits(output: Any) -> torch.Tensor:
+    """The logits tensor inside a model output: a tensor, a tuple/list (first item), a mapping with
+    `"logits"` or an object with a `.logits` attribute (HF's `ModelOutput`).
+
+    >>> extract_logits((torch.zeros(1, 3), "cache")).shape
+    torch.Size([1, 3])
+    """
+    logits = output
+    if not isinstance(logits, torch.Tensor):
+        if isinstance(output, Mapping):
+            if "logits" not in output:
+                raise TypeError(
+                    f"`logits` is a mapping without a 'logits' key (keys: {list(output)[:8]}); "
+                    "pass the logits tensor or an output holding it under 'logits'."
+                )
+            logits = output["logits"]
+        elif hasattr(output, "logits"):
+            logits = output.logits
+        elif isinstance(output, (tuple, list)):
+            if not output:
+                raise TypeError("`logits` is an empty tuple/list; expected the logits as its first element.")
+            logits = output[0]
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(
+            "`logits` must be a tensor, a tuple/list whose first element is one, a mapping with 'logits' "
+            f"or an object with `.logits`; got {type(output).__name__}"
+            + (f" holding {type(logits).__name__}" if logits is not output else "") + "."
+        )
+    if not logits.is_floating_point():
+        raise TypeError(f"`logits` must be a floating-point tensor, got dtype {logits.dtype}.")
+    return logits
+
+
+def check_not_meta(logits: torch.Tensor) -> None:
+    """Raise `ValueError` for logits on the meta device (a shape without values)."""
+    if logits.is_meta:
+        raise ValueError(
+            f"`logits` of shape {tuple(logits.shape)} are on the meta device: they have a shape but no values, so "
+            "there is nothing to choose from. Run the model on a real device (load or materialize its weights "
+            "first, e.g. `model.to_empty(device=...)` then load the state dict)."
+        )
+
+
+# HF's processors built from generation options that read `input_ids` without writing them and
+# without handing them to user code (checked in transformers' `logits_process.py`, 4.46 and 5.x:
+# they rebind, never modify, the ids). Not `PrefixConstrainedLogitsProcessor`: it calls the user's
+# function with the ids.
+_INTACT = (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
+    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "RepetitionPenaltyLogitsProcessor",
+    "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "SuppressTokensLogitsProcessor",
+    "SuppressTokensAtBeginLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
+    "ExponentialDecayLengthPenalty", "InfNanRemoveLogitsProcessor", "LogitNormalization",
+)
+
+
+@functools.cache
+def _intact_types() -> frozenset[type]:
+    from transformers.generation import logits_process
+
+    found = (getattr(logits_process, name, None) for name in _INTACT)
+    return frozenset(kind for kind in found if isinstance(kind, type))
+
+
+def keeps_ids_intact(processors: Iterable[Any]) -> bool:
+    """Whether none of `processors` can modify the token ids it is given: each is exactly one of
+    HF's own option-built classes (a subclass may override `__call__`), so the step may pass the
+    caller's ids without a private copy."""
+    intact = _intact_types()
+    return all(type(processor) in intact for processor in processors)

@@ -1,0 +1,115 @@
+"""What the step does with the caller's inputs (`_step_inputs.py`, `_routes.ids_outside`, the
+processor list's direct calls): the ids copied only when a processor could write them, the id range
+checked on every route, HF's processors called as HF's list calls them, the one-row validity."""
+
+import doctest
+
+import pytest
+import torch
+from transformers import LogitsProcessorList
+from transformers.generation import logits_process as hf
+
+from hfbridge import Sampler, _step_inputs, build_processors
+from hfbridge._fast import fast_draw
+from hfbridge._processor_list import CheckedProcessorList
+from hfbridge._routes import accelerator_route, ids_outside
+
+V = 50
+
+
+def logits_and_ids(seq=6):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(2, 3, V, generator=g), torch.randint(0, V, (2, seq), generator=g)
+
+
+@pytest.mark.parametrize("options", [
+    dict(do_sample=False), dict(temperature=0.7, top_k=5, top_p=0.9), dict(min_p=0.1, repetition_penalty=1.3),
+    dict(no_repeat_ngram_size=2, bad_words_ids=[[3]], suppress_tokens=[4], typical_p=0.9),
+    dict(epsilon_cutoff=0.01, min_length=9, eos_token_id=2, renormalize_logits=True, remove_invalid_values=True),
+], ids=lambda o: ",".join(o))
+def test_hfs_option_built_processors_get_the_callers_ids(options):
+    logits, ids = logits_and_ids()
+    assert _step_inputs.keeps_ids_intact(build_processors(**options))
+    sampler = Sampler(**options)
+    _, rows, _ = sampler.prepare(logits, ids)
+    assert rows.data_ptr() == ids.data_ptr()  # no copy: nothing writes them
+    before = ids.clone()
+    sampler(logits, ids)
+    assert torch.equal(ids, before)
+
+
+class Subclass(hf.TemperatureLogitsWarper):
+    def __call__(self, input_ids, scores):
+        input_ids[:, 0] = 0
+        return super().__call__(input_ids, scores)
+
+
+def test_processors_that_could_write_the_ids_get_a_copy():
+    logits, ids = logits_and_ids()
+    before = ids.clone()
+    allowed = [hf.PrefixConstrainedLogitsProcessor(lambda batch_id, sent: [1, 2], num_beams=1)]
+    for processors in ([lambda input_ids, scores: scores], [Subclass(0.5)], allowed):
+        assert not _step_inputs.keeps_ids_intact(processors)
+        sampler = Sampler(processors=processors, do_sample=False)
+        assert sampler.prepare(logits, ids)[1].data_ptr() != ids.data_ptr()
+        sampler(logits, ids)
+        assert torch.equal(ids, before)
+    assert _step_inputs.keeps_ids_intact([])
+
+
+@pytest.mark.parametrize("seq", [6, 2000])  # a Python list below 1024 ids, numpy's maximum above
+@pytest.mark.parametrize("bad", [-1, V, 10**12, -(2**63)])
+def test_ids_outside_the_vocabulary_on_every_route(seq, bad):
+    _, ids = logits_and_ids(seq)
+    assert not ids_outside(ids, V)
+    ids[1, seq // 2] = bad
+    assert ids_outside(ids, V)
+    with accelerator_route():
+        assert ids_outside(ids, V)
+    logits, _ = logits_and_ids()
+    with pytest.raises(ValueError, match=f"`input_ids` hold token id {bad}, outside the vocabulary of {V} tokens"):
+        Sampler(do_sample=False)(logits, ids)
+
+
+class WithStep:
+    """A processor with an extra argument, which HF's list passes from its keyword arguments."""
+
+    def __call__(self, input_ids, scores, step):
+        return scores + step
+
+
+def test_hfs_processors_are_called_as_hfs_list_calls_them():
+    scores = torch.randn(2, V, generator=torch.Generator().manual_seed(1))
+    made = [hf.TemperatureLogitsWarper(0.7), hf.TopKLogitsWarper(5), hf.RepetitionPenaltyLogitsProcessor(1.2)]
+    ids = torch.tensor([[1, 2], [3, 3]])
+    assert torch.equal(CheckedProcessorList(made)(ids, scores.clone()), LogitsProcessorList(made)(ids, scores.clone()))
+    assert torch.equal(CheckedProcessorList([WithStep()])(ids, scores.clone(), step=1.0), scores + 1.0)
+    with pytest.raises(ValueError, match="Make sure that all the required parameters"):  # HF's own error
+        CheckedProcessorList([WithStep()])(ids, scores.clone())
+    own = hf.TemperatureLogitsWarper(0.5)
+    own.__call__ = lambda input_ids, scores: scores * 0  # an instance's own __call__: HF's list never uses it
+    assert torch.equal(CheckedProcessorList([own])(ids, scores.clone()), scores / 0.5)
+
+
+def test_one_row_validity_known_on_the_host():
+    x = torch.randn(1, 300, generator=torch.Generator().manual_seed(2))
+    processors = [hf.TemperatureLogitsWarper(0.7), hf.TopKLogitsWarper(5)]
+    out = fast_draw(None, x.clone(), processors)
+    assert out.known_valid is True and out.valid.tolist() == [True]
+    x[0, 4] = float("nan")
+    bad = fast_draw(None, x.clone(), processors)
+    assert bad.known_valid is False and bad.valid.tolist() == [False]
+    two = fast_draw(None, torch.cat([x, x]), processors)
+    assert two.known_valid is None and two.valid.tolist() == [False, False]
+    sampler = Sampler(temperature=0.7, top_k=5, fast=True)
+    sampler.next_tokens(torch.zeros(1, 0, dtype=torch.long), x[:, :4].clone() + torch.arange(4.0), check=False)
+    assert sampler.invalid_rows.tolist() == [False]
+    sampler.next_tokens(torch.zeros(1, 0, dtype=torch.long), x.clone(), check=False)
+    assert sampler.invalid_rows.tolist() == [True]
+    with pytest.raises(ValueError, match="`logits` contain NaN in row 0"):
+        sampler.check_rows()
+
+
+def test_docstring_examples():
+    failures, tried = doctest.testmod(_step_inputs)
+    assert tried >= 3 and failures == 0
