@@ -10,6 +10,7 @@ the tokens: the caller raises on it, where it reads the device anyway (see `Samp
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -108,26 +109,40 @@ def draw_one_row(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor,
     return token, torch.tensor([valid])
 
 
-def draw_one_row_known(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor,
+def draw_one_row_known(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor | None,
                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
     """`draw_one_row` with the validity as a Python bool: the caller reads it without a torch op.
+    `keep=None`: every candidate survives (the one-row top-p's answer), nothing to mask.
 
     >>> draw_one_row_known(torch.tensor([[7, 3]]), torch.tensor([[float("nan"), 1.0]]), torch.tensor([[True, True]]))
     (tensor([7]), False)
     """
     scores = host_view(cand)[0]  # [K] float32, the best first
-    uniform = torch.rand((1, 1), generator=generator, dtype=torch.float64).item()  # `pick`'s draw
+    uniform = _uniform(generator)
     listed = ids.numpy()[0]  # [K]
     if not math.isfinite(scores[0]):  # NaN, +inf or only -inf
         return torch.from_numpy(listed[:1].copy()), False  # `pick`'s token for a row without a distribution
     weights = torch.from_numpy(scores - scores[0]).exp_().numpy()  # [K] torch's exp, as `pick`'s callers
-    running = np.add.accumulate(weights * keep.numpy()[0], dtype=np.float64)  # [K]
+    running = np.add.accumulate(weights if keep is None else weights * keep.numpy()[0], dtype=np.float64)  # [K]
     total = float(running[-1])
     if not total > 0:  # NaN weights, or none kept
         return torch.from_numpy(listed[:1].copy()), False
     target = min(uniform * total, total * (1 - 2.0**-52))
     index = min(int(np.searchsorted(running, target, side="right")), running.shape[0] - 1)
     return torch.from_numpy(listed[index:index + 1].copy()), True
+
+
+_BUFFERS = threading.local()  # a float64 scalar per thread for `_uniform`
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    """`torch.rand((1, 1), generator=generator, dtype=torch.float64).item()` (`pick`'s number, the same
+    draw from the generator), into a buffer kept by the thread: one op instead of two."""
+    buffer = getattr(_BUFFERS, "uniform", None)
+    if buffer is None:
+        with torch.inference_mode(False):  # a normal tensor: written in place in and out of inference mode
+            buffer = _BUFFERS.uniform = torch.empty(1, dtype=torch.float64)
+    return buffer.uniform_(generator=generator).item()
 
 
 def host_view(values: torch.Tensor) -> np.ndarray:

@@ -215,8 +215,8 @@ class _State:
 
     # Slots: under torch.compile, torch 2.13's dynamo drops the attribute writes made after a
     # `torch.cond` (the fixed-shape top-p's) to an object with a `__dict__` created in the graph.
-    __slots__ = ("cand", "cand_keep", "filter_value", "ids", "keep", "owned", "probs", "scores", "temperature",
-                 "top_p")
+    __slots__ = ("all_kept", "cand", "cand_keep", "filter_value", "ids", "keep", "owned", "probs", "scores",
+                 "temperature", "top_p")
 
     def __init__(self, scores: torch.Tensor, *, read_only: bool = False) -> None:
         self.scores = scores  # [N, V] float32
@@ -226,6 +226,7 @@ class _State:
         self.ids: torch.Tensor | None = None  # [N, K] int64, distinct per row
         self.cand: torch.Tensor | None = None  # [N, K] float32 scores, sorted descending
         self.cand_keep: torch.Tensor | None = None  # [N, K] bool
+        self.all_kept = False  # `cand_keep` is known to be all True (the one-row draw then skips it)
         self.filter_value = _NEG_INF
         self.temperature: float | None = None  # a division not yet applied to `scores`
         # a top-p cut not found yet, left to the draw (`_top_p_draw.py`), with `probs`
@@ -275,9 +276,10 @@ class _State:
 
     def filtered(self, filter_value: float, *, keep: torch.Tensor | None = None, probs: torch.Tensor | None = None,
                  ids: torch.Tensor | None = None, cand: torch.Tensor | None = None,
-                 cand_keep: torch.Tensor | None = None) -> None:
+                 cand_keep: torch.Tensor | None = None, all_kept: bool = False) -> None:
         self.filter_value = float(filter_value)
         self.keep, self.probs, self.ids, self.cand, self.cand_keep = keep, probs, ids, cand, cand_keep
+        self.all_kept = all_kept
         self.top_p = None
 
     def _find_top_p_cut(self) -> None:
@@ -300,7 +302,7 @@ class _State:
             # candidates, so the token does not depend on how many were tried (pick's running sum
             # is sequential). NaN for a row whose best is NaN, +inf or -inf: flagged by `pick`.
             if self.ids.shape[0] == 1:  # `ids` come from the CPU candidate routes only
-                return draw_one_row_known(self.ids, self.cand, self.cand_keep, generator)
+                return draw_one_row_known(self.ids, self.cand, None if self.all_kept else self.cand_keep, generator)
             weights = (self.cand - self.cand[:, :1]).exp_().masked_fill_(~self.cand_keep, 0.0)  # [N, K]
             index, valid = pick(weights, generator)
             return self.ids.gather(1, index[:, None]).squeeze(1), valid
@@ -373,7 +375,7 @@ def _top_k(state: _State, processor: TopKLogitsWarper, candidates: bool) -> None
             cand = cand / state.temperature
         if bool((cand[:, k - 1] > cand[:, k]).all()):
             keep = torch.ones_like(ids[:, :k], dtype=torch.bool)
-            state.filtered(processor.filter_value, ids=ids[:, :k], cand=cand[:, :k], cand_keep=keep)
+            state.filtered(processor.filter_value, ids=ids[:, :k], cand=cand[:, :k], cand_keep=keep, all_kept=True)
             return
     scores = state.divided()
     kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # [N, 1], as HF
@@ -400,8 +402,8 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
                 state.filtered(processor.filter_value, keep=found, probs=probs)
                 return
             if found is not None:
-                ids, cand, keep = found
-                state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep)
+                ids, cand, keep = found  # every one kept
+                state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep, all_kept=True)
                 return
         route = top_p_route(scores, probs, top_p, at_least, memo)
         if isinstance(route, TopPTry):  # the candidates hold every row's cut

@@ -72,14 +72,15 @@ def greedy_choice(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def ids_outside(ids: torch.Tensor, vocab: int) -> bool:
     """Whether integer `ids` (not empty) hold a value outside `[0, vocab)`, in one host read.
 
-    On CPU a short prompt is read as a Python list: numpy's reduction costs about 150 µs when it
-    runs cold, after a step's vocabulary-sized ops have evicted its code from the caches (measured
-    in the exact step, B=1, V=32000), against a few µs for 64 ids as a list. Longer ones are read
-    by numpy as unsigned, so that one maximum finds negative ids too.
+    On CPU a short prompt is read as a Python list, through numpy (no torch op): numpy's reduction,
+    or a torch reshape, costs 50-150 µs when it runs cold, after a step's vocabulary-sized ops have
+    evicted its code from the caches (measured in the step, B=1, V=32000), against a few µs for 64
+    ids as a list. Longer ones are read by numpy as unsigned, so that one maximum finds negative
+    ids too.
     """
     if cpu_shortcuts(ids) and ids.dtype == torch.long:
         if ids.numel() <= _LISTED_IDS:
-            listed = ids.reshape(-1).tolist()
+            listed = ids.numpy().ravel().tolist()
             return min(listed) < 0 or max(listed) >= vocab
         return int(ids.numpy().view(numpy.uint64).max()) >= vocab
     low, high = torch.stack(torch.aminmax(ids)).tolist()

@@ -343,7 +343,9 @@ class Sampler:
                 f"`input_ids` are on {input_ids.device} but the logits are on {device}; move one of them."
             )
         # [N, T]: a private copy for processors that might write them (user code); none for HF's own
-        ids = rows_of(input_ids, tuple(batch_shape)).to(dtype=torch.long, copy=self._ids_copied)
+        ids = rows_of(input_ids, tuple(batch_shape))
+        if self._ids_copied or ids.dtype != torch.long:  # else no `to`: even a no-op is a dispatched call
+            ids = ids.to(dtype=torch.long, copy=self._ids_copied)
         if vocab is not None and ids.numel() and ids_outside(ids, vocab):  # one pass, one host read
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise ValueError(
