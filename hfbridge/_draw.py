@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["draw", "draw_checked", "draw_one_row", "draw_one_row_known", "host_view", "pick"]
+__all__ = ["draw", "draw_checked", "draw_kept", "draw_one_row", "draw_one_row_known", "host_view", "pick"]
 
 
 def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block: int | None = None) -> torch.Tensor:
@@ -117,19 +117,28 @@ def draw_one_row_known(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor
     >>> draw_one_row_known(torch.tensor([[7, 3]]), torch.tensor([[float("nan"), 1.0]]), torch.tensor([[True, True]]))
     (tensor([7]), False)
     """
-    scores = host_view(cand)[0]  # [K] float32, the best first
+    return draw_kept(ids.numpy()[0], host_view(cand)[0], None if keep is None else keep.numpy()[0], generator)
+
+
+def draw_kept(ids: np.ndarray, scores: np.ndarray, keep: np.ndarray | None,
+              generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
+    """`draw_one_row_known` on NumPy arrays: `(K,)` int64 ids, `(K,)` float32 scores (the best first)
+    and `(K,)` bool `keep` or None (all kept).
+
+    >>> draw_kept(np.array([7, 3]), np.array([1.0, 1.0], dtype=np.float32), np.array([False, True]))
+    (tensor([3]), True)
+    """
     uniform = _uniform(generator)
-    listed = ids.numpy()[0]  # [K]
     if not math.isfinite(scores[0]):  # NaN, +inf or only -inf
-        return torch.from_numpy(listed[:1].copy()), False  # `pick`'s token for a row without a distribution
+        return torch.from_numpy(ids[:1].copy()), False  # `pick`'s token for a row without a distribution
     weights = torch.from_numpy(scores - scores[0]).exp_().numpy()  # [K] torch's exp, as `pick`'s callers
-    running = np.add.accumulate(weights if keep is None else weights * keep.numpy()[0], dtype=np.float64)  # [K]
+    running = np.add.accumulate(weights if keep is None else weights * keep, dtype=np.float64)  # [K]
     total = float(running[-1])
     if not total > 0:  # NaN weights, or none kept
-        return torch.from_numpy(listed[:1].copy()), False
+        return torch.from_numpy(ids[:1].copy()), False
     target = min(uniform * total, total * (1 - 2.0**-52))
     index = min(int(np.searchsorted(running, target, side="right")), running.shape[0] - 1)
-    return torch.from_numpy(listed[index:index + 1].copy()), True
+    return torch.from_numpy(ids[index:index + 1].copy()), True
 
 
 _BUFFERS = threading.local()  # a float64 scalar per thread for `_uniform`

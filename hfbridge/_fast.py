@@ -83,9 +83,9 @@ from transformers import (
 )
 
 from ._candidates import TopPTry, top_candidates, top_p_count
-from ._draw import draw, draw_checked, draw_one_row_known, pick
+from ._draw import draw, draw_checked, draw_kept, draw_one_row_known, pick
 from ._fixed_shape import top_p_keep
-from ._one_row import one_row_top_p
+from ._one_row import one_row_kept
 from ._processor_list import check_processor_output
 from ._routes import cpu_shortcuts
 from ._top_p import top_p_mask
@@ -215,8 +215,8 @@ class _State:
 
     # Slots: under torch.compile, torch 2.13's dynamo drops the attribute writes made after a
     # `torch.cond` (the fixed-shape top-p's) to an object with a `__dict__` created in the graph.
-    __slots__ = ("all_kept", "cand", "cand_keep", "filter_value", "ids", "keep", "owned", "probs", "scores",
-                 "temperature", "top_p")
+    __slots__ = ("all_kept", "cand", "cand_keep", "filter_value", "ids", "keep", "kept_arrays", "owned", "probs",
+                 "scores", "temperature", "top_p")
 
     def __init__(self, scores: torch.Tensor, *, read_only: bool = False) -> None:
         self.scores = scores  # [N, V] float32
@@ -227,6 +227,8 @@ class _State:
         self.cand: torch.Tensor | None = None  # [N, K] float32 scores, sorted descending
         self.cand_keep: torch.Tensor | None = None  # [N, K] bool
         self.all_kept = False  # `cand_keep` is known to be all True (the one-row draw then skips it)
+        # the one-row route's kept `(ids, scores)`, `(K,)` NumPy arrays: `ids`/`cand` made only when read
+        self.kept_arrays: tuple[Any, Any] | None = None
         self.filter_value = _NEG_INF
         self.temperature: float | None = None  # a division not yet applied to `scores`
         # a top-p cut not found yet, left to the draw (`_top_p_draw.py`), with `probs`
@@ -235,7 +237,7 @@ class _State:
     @property
     def pending(self) -> bool:
         """A filter decided but not written into `scores`."""
-        return self.keep is not None or self.ids is not None or self.top_p is not None
+        return self.keep is not None or self.ids is not None or self.top_p is not None or self.kept_arrays is not None
 
     def divided(self) -> torch.Tensor:
         """`scores` with the pending temperature divided in (not the pending filter), to read only.
@@ -264,6 +266,10 @@ class _State:
         if not self.owned:
             self.scores, self.owned = self.scores.clone(), True
         self._find_top_p_cut()
+        if self.kept_arrays is not None:
+            ids, cand = self.kept_arrays
+            self.ids, self.cand = torch.from_numpy(ids[None]), torch.from_numpy(cand[None])  # [1, K]
+            self.cand_keep, self.kept_arrays = torch.ones_like(self.ids, dtype=torch.bool), None
         if self.ids is not None:
             assert self.cand_keep is not None  # set together with `ids`
             self.keep = self.scores.new_zeros((n, vocab), dtype=torch.bool).scatter_(1, self.ids, self.cand_keep)
@@ -276,10 +282,11 @@ class _State:
 
     def filtered(self, filter_value: float, *, keep: torch.Tensor | None = None, probs: torch.Tensor | None = None,
                  ids: torch.Tensor | None = None, cand: torch.Tensor | None = None,
-                 cand_keep: torch.Tensor | None = None, all_kept: bool = False) -> None:
+                 cand_keep: torch.Tensor | None = None, all_kept: bool = False,
+                 kept_arrays: tuple[Any, Any] | None = None) -> None:
         self.filter_value = float(filter_value)
         self.keep, self.probs, self.ids, self.cand, self.cand_keep = keep, probs, ids, cand, cand_keep
-        self.all_kept = all_kept
+        self.all_kept, self.kept_arrays = all_kept, kept_arrays
         self.top_p = None
 
     def _find_top_p_cut(self) -> None:
@@ -296,6 +303,8 @@ class _State:
     def sample(self, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | bool]:
         """`(batch,)` tokens and `(batch,)` bool validity (a Python bool from the one-row CPU draw):
         the softmax of a row with NaN, `+inf` or only `-inf` is all NaN, and the draw flags NaN weights."""
+        if self.kept_arrays is not None and self.filter_value == _NEG_INF:
+            return draw_kept(*self.kept_arrays, None, generator)  # the one-row route's kept tokens, as they are
         if self.ids is not None and self.filter_value == _NEG_INF:
             assert self.cand is not None and self.cand_keep is not None  # set together with `ids`
             # Unnormalised exp(cand - max): each weight is the same whatever the number of
@@ -397,13 +406,12 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
     probs = torch.softmax(scores, dim=-1)  # [N, V]
     if candidates:
         if scores.shape[0] == 1:
-            found = one_row_top_p(scores, probs, top_p, at_least, memo)
+            found = one_row_kept(scores, probs, top_p, at_least, memo)
             if isinstance(found, torch.Tensor):  # one row, too many kept for candidates: the mask
                 state.filtered(processor.filter_value, keep=found, probs=probs)
                 return
-            if found is not None:
-                ids, cand, keep = found  # every one kept
-                state.filtered(processor.filter_value, ids=ids, cand=cand, cand_keep=keep, all_kept=True)
+            if found is not None:  # the kept tokens, as NumPy arrays
+                state.filtered(processor.filter_value, kept_arrays=found)
                 return
         route = top_p_route(scores, probs, top_p, at_least, memo)
         if isinstance(route, TopPTry):  # the candidates hold every row's cut

@@ -44,7 +44,7 @@ import torch
 from ._draw import host_view
 from ._top_p import float32, rounds_at_most
 
-__all__ = ["MAX_SORTED", "one_row_top_p"]
+__all__ = ["MAX_SORTED", "one_row_kept", "one_row_top_p"]
 
 MAX_SORTED = 4096  # tokens sorted at most; a row with more at the cut goes to the general routes
 _EXPONENT_SHIFT = 23  # float32: 23 mantissa bits below the exponent field
@@ -72,6 +72,19 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
         the kept tokens. None for a row without a distribution, or when more than `MAX_SORTED`
         tokens share the bucket of the cut, or `at_least` reaches past the kept tokens.
     """
+    found = one_row_kept(scores, probs, top_p, at_least, memo)
+    if not isinstance(found, tuple):
+        return found
+    ids, cand = found
+    return (torch.from_numpy(ids[None]), torch.from_numpy(cand[None]),
+            torch.from_numpy(np.ones((1, ids.shape[0]), dtype=np.bool_)))
+
+
+def one_row_kept(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
+                 memo: dict | None = None) -> tuple[np.ndarray, np.ndarray] | torch.Tensor | None:
+    """`one_row_top_p` with the kept tokens as NumPy arrays, `(ids, scores)` each `(K,)`, best first
+    (every one kept): the one-row draw reads them as they are, and tensors are made only when
+    something else reads the candidates (`_fast.py`). The mask and None as `one_row_top_p`."""
     memo = {} if memo is None else memo
     p = host_view(probs)[0]  # [V] float32, a view
     bits = p.view(np.uint32)  # non-negative floats order like their bit patterns
@@ -79,10 +92,11 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
     bound = memo.get(_MEMO_KEY)
     kept = None
     if bound is not None:
-        total = float(np.add.reduce(p, dtype=np.float64))
+        # torch's float64 sum: half numpy's time (which casts in buffers), the batched route's arithmetic
+        total = float(probs.sum(dtype=torch.float64))
         if not 0.0 < total < math.inf:  # NaN (NaN or +inf scores, or all -inf), or no mass
             return None
-        kept = _kept(scores, p, np.flatnonzero(bits >= bound), total, cut, inclusive, at_least)
+        kept = _kept(scores, p, (bits >= bound).nonzero()[0], total, cut, inclusive, at_least)
     if kept is None:
         memo[_MEMO_KEY] = None
         binade = bits >> _EXPONENT_SHIFT  # [V]; a set sign bit (never from softmax) lands past 255
@@ -100,8 +114,7 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
                                cut, inclusive, at_least)
     ids, cand, last = kept
     memo[_MEMO_KEY] = np.uint32(max((last >> _EXPONENT_SHIFT) - 1, 0) << _EXPONENT_SHIFT)
-    return (torch.from_numpy(ids[None]), torch.from_numpy(cand[None]),
-            torch.from_numpy(np.ones((1, ids.shape[0]), dtype=np.bool_)))
+    return ids, cand
 
 
 def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cut: float,
@@ -112,9 +125,10 @@ def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cu
     count = ids.shape[0]
     if not at_least <= count <= MAX_SORTED:
         return None
-    cand = host_view(scores)[0, ids]  # [K] float32
+    cand = host_view(scores)[0][ids]  # [K] float32
     order = np.argsort(-cand, kind="stable")  # descending score, equal scores by ascending id
-    ids, cand, picked = ids[order], cand[order], p[ids][order]
+    ids, cand = ids[order], cand[order]
+    picked = p[ids]  # [K] their probabilities
     # HF's running sum in ascending order (`top_p_count`'s arithmetic), started by the mass under them.
     cumulative = np.add.accumulate(picked[::-1], dtype=np.float64)  # [K] ascending
     rest = max(total - float(cumulative[-1]), 0.0)
@@ -123,7 +137,7 @@ def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cu
     cumulative += rest  # non-decreasing: the removed ones come first
     removed = int(np.searchsorted(cumulative, cut, side="right" if inclusive else "left"))
     kept = max(count - removed, min(at_least, count))
-    return ids[:kept], cand[:kept], int(picked[kept - 1:kept].view(np.uint32)[0])
+    return ids[:kept], cand[:kept], int(picked.view(np.uint32)[kept - 1])
 
 
 def _dense_keep(scores: torch.Tensor, p: np.ndarray, bits: np.ndarray, in_binade: np.ndarray, binade: int,

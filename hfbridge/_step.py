@@ -215,7 +215,8 @@ class Sampler:
             lent = rows.dtype == torch.float32
             result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self.generator,
                                memo=self._fast_memo, read_only=lent)
-            self._fast_valid = result.known_valid if result.known_valid is not None else result.valid  # no sync
+            known = result.known_valid  # the one-row CPU draw knows it on the host
+            self._fast_valid = known if known is not None else result.valid  # no sync
             self._last_fast = (result, rows)
             if check or (check is None and rows.device.type == "cpu"):
                 self.check_rows()
