@@ -310,10 +310,10 @@ class Sampler:
 
     def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
                    *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        """`input_ids` as a private `(rows, seq)` int64 copy, checked against the logits rows.
+        """`input_ids` as `(rows, seq)` int64 (a private copy where needed), checked against the logits rows.
 
-        With no processors nothing reads the ids, and they are not copied (a view of `input_ids`
-        when already int64).
+        When no processor could write them (none, or only HF's own option-built processors:
+        `_step_inputs.keeps_ids_intact`), they are not copied (a view of `input_ids` when already int64).
 
         Args:
             input_ids: `(*batch, seq)` token ids, or None (no context: an empty `(rows, 0)` tensor).
