@@ -17,7 +17,8 @@ import torch
 
 from ._top_p import float32, rounds_at_most
 
-__all__ = ["TopPTry", "Total", "block_topk", "certified_total", "top_candidates", "top_p_candidates", "top_p_count"]
+__all__ = ["TopPTry", "Total", "block_topk", "candidates_cannot_hold", "certified_total", "proved_last",
+           "top_candidates", "top_p_candidates", "top_p_count"]
 
 _NEG_INF = float("-inf")
 
@@ -152,7 +153,7 @@ class TopPTry(NamedTuple):
 
 
 def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
-                     memo: dict | None = None) -> TopPTry | None:
+                     memo: dict | None = None, total: Total | None = None) -> TopPTry | None:
     """HF's top-p cut among the best-scoring candidates, and whether a check proves they hold it.
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
@@ -164,6 +165,7 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
         probs: `(batch, vocab)` their softmax.
         top_p, at_least: `TopPLogitsWarper`'s `top_p` and `min_tokens_to_keep`.
         memo: A dict kept by the caller between steps, or None.
+        total: `certified_total(probs)` when the caller has it. Default: computed here if needed.
 
     Returns:
         The last try (`TopPTry`): `proved` when the candidates hold the cut in every row. None
@@ -171,7 +173,6 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     """
     vocab = scores.shape[-1]
     memo = {} if memo is None else memo
-    total = None
     last_try = None
     sizes = [k for k in _CANDIDATES if k == _CANDIDATES[0] or 8 * k <= vocab]
     last = memo.get("kept")
@@ -202,6 +203,41 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     return last_try
 
 
+def proved_last(memo: dict | None) -> bool:
+    """Whether the last step's candidates (`top_p_candidates` with this `memo`) held every row's cut."""
+    last = None if memo is None else memo.get("kept")
+    return last is not None and last <= _CANDIDATES[-1]
+
+
+def candidates_cannot_hold(total: Total, top_p: float, vocab: int) -> bool:
+    """True when the largest candidate set `top_p_candidates` would try provably leaves some row's
+    cut outside: trying it is wasted (whatever the memo says, as every smaller set fails then too).
+
+    A row's cut lies among its best `k` tokens only if those hold more than `total - cut` (the
+    tokens below them add up to at most the removed mass, `cut = 1 - top_p` in float32). They lie
+    in at most `k` of the partial sums of `certified_total`, so they hold at most the `k` largest
+    of those, which for any `theta` is at most `sum(max(partial - theta, 0)) + k * theta`: no
+    selection needed. `theta` near the k-th largest partial sum makes the bound tight; a tenth of
+    the average mass the candidates would need is close on Zipf-like rows and on flat ones.
+
+    >>> flat = torch.softmax(torch.randn(2, 100_000, generator=torch.Generator().manual_seed(0)), dim=-1)
+    >>> candidates_cannot_hold(certified_total(flat), 0.9, 100_000)
+    True
+    """
+    k = max(k for k in _CANDIDATES if k == _CANDIDATES[0] or 8 * k <= vocab)
+    if k >= vocab:
+        return False
+    cut, _ = rounds_at_most(float32(1.0 - top_p))
+    approx, slack, partial = total
+    needed = approx - slack - cut - 1e-6  # [N, 1] float64; 1e-6: room for float64 rounding
+    theta = (needed / (10 * k)).clamp_(min=0).float()  # [N, 1]
+    excess = (partial - theta).clamp_(min=0).sum(dim=-1, keepdim=True, dtype=torch.float64)  # [N, 1]
+    # The exact partial sums exceed the float32 ones by at most `slack` in all, and each float32
+    # difference `partial - theta` is below the exact one by at most a relative 2**-24.
+    bound = excess * (1 + 2.0**-22) + slack + k * theta.double()  # [N, 1]
+    return bool((bound < needed).any())
+
+
 _BLOCK = 16  # probabilities per float32 partial sum in `certified_total`
 # Relative error bound of a float32 sum of _BLOCK non-negative numbers in any order, gamma_15 =
 # 15 u / (1 - 15 u) with u = 2**-24, with room for the float64 sum of the partial sums (~1e-12).
@@ -213,33 +249,30 @@ class Total(NamedTuple):
 
     approx: torch.Tensor  # [N, 1] float64
     slack: torch.Tensor  # [N, 1] float64
-    partial: torch.Tensor | None  # [N, V / 16] float32 sums of 16 consecutive tokens (None if V % 16)
+    partial: torch.Tensor  # [N, ceil(V / 16)] float32 sums of 16 tokens each (`certified_total`)
 
 
 def certified_total(probs: torch.Tensor) -> Total:
     """The sum of each row of `probs` (>= 0), within a rigorous bound of the exact float64 sum.
 
     The exact float64 sum (`sum(dtype=torch.float64)`) costs about four reads of the row on CPU;
-    float32 sums of 16 numbers (one BLAS pass), added up in float64, cost one, and their error has a
+    float32 sums of 16 numbers, added up in float64, cost less than one, and their error has a
     rigorous bound (every term is >= 0). `_count_with_total` recomputes exactly only the rows whose
-    count the slack leaves open.
+    count the slack leaves open. With `W = V // 16`, partial sum `g < W` holds the tokens
+    `g, g + W, ..., g + 15 W` (one vectorised reduction over an outer dimension, the fastest on
+    CPU), and a last one the `V mod 16` tokens after `16 W`, if any; the draw reuses them.
 
     >>> total = certified_total(torch.full((1, 64), 1 / 64))
     >>> abs(float(total.approx) - 1.0) <= float(total.slack)
     True
     """
-    n, vocab = probs.shape
-    full = vocab - vocab % _BLOCK
-    head = probs[:, :full]
-    if head.is_contiguous():  # a matrix-vector product: the fastest float32 partial sums on CPU
-        partial = (head.reshape(-1, _BLOCK) @ probs.new_ones(_BLOCK)).view(n, -1)  # [N, V/16]
-    else:
-        partial = head.unflatten(1, (-1, _BLOCK)).sum(dim=-1)
+    width = probs.shape[-1] // _BLOCK
+    partial = probs[:, : _BLOCK * width].unflatten(1, (_BLOCK, width)).sum(dim=1)  # [N, W]
+    if _BLOCK * width < probs.shape[-1]:
+        partial = torch.cat([partial, probs[:, _BLOCK * width :].sum(dim=-1, keepdim=True)], dim=-1)
     total = partial.sum(dim=-1, keepdim=True, dtype=torch.float64)  # [N, 1]
-    if full < vocab:
-        total = total + probs[:, full:].sum(dim=-1, keepdim=True, dtype=torch.float64)
-    # 1e-30: room for a BLAS that flushes subnormal terms to zero
-    return Total(total, total * _SLACK + 1e-30, partial if full == vocab else None)
+    # 1e-30: room for arithmetic that flushes subnormal terms to zero
+    return Total(total, total * _SLACK + 1e-30, partial)
 
 
 def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, top_p: float,

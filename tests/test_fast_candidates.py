@@ -62,9 +62,8 @@ def test_certified_total_contains_the_float64_sum(vocab):
         assert bool((slack <= 1e-6 * total + 1e-30).all())
     non_contiguous = rows[0].t().contiguous().t()
     total, slack, partial = certified_total(non_contiguous)
-    assert (partial is None) == (vocab % 16 != 0)  # sums of 16 tokens, reused by the draw
-    if partial is not None:
-        assert torch.allclose(partial.sum(dim=-1, dtype=torch.float64), total[:, 0])
+    assert partial.shape == (3, -(-vocab // 16))  # sums of 16 tokens (the last: the rest), reused by the draw
+    assert torch.allclose(partial.sum(dim=-1, dtype=torch.float64), total[:, 0])
     assert bool(((total - exact_total(non_contiguous)).abs() <= slack).all())
 
 
@@ -100,3 +99,26 @@ def test_count_decided_exactly_when_the_cut_sits_within_the_slack():
         ids, keep = tried.ids, tried.keep()
         assert int(keep.sum()) == int(ref.sum())
         assert set(ids[keep].tolist()) == set(ref.nonzero()[:, 1].tolist())
+
+
+@pytest.mark.parametrize("vocab", [600, 5000, 32000, 50257, 128256])
+def test_candidates_said_to_fail_never_hold_the_cut(vocab):
+    # The bound only skips candidates that cannot prove the cut (the route, and so the tokens, are
+    # what trying them gives); on flat rows and Zipf-like rows at temperature 1 it does skip them.
+    from hfbridge._candidates import candidates_cannot_hold
+
+    g = torch.Generator().manual_seed(vocab)
+    said = {}
+    for kind, x in (("flat", torch.randn(4, vocab, generator=g)), ("zipf", zipf(4, vocab, seed=vocab))):
+        for temperature in (0.5, 0.7, 0.8, 0.9, 1.0, 1.5):
+            scores = x / temperature
+            probs = torch.softmax(scores, dim=-1)
+            for top_p in (0.5, 0.8, 0.9, 0.95, 0.99):
+                for rows in (slice(0, 4), slice(1, 2)):
+                    hopeless = candidates_cannot_hold(certified_total(probs[rows]), top_p, vocab)
+                    tried = top_p_candidates(scores[rows], probs[rows], top_p, 1)
+                    assert not (hopeless and tried.proved), (kind, temperature, top_p)
+                    said[kind, temperature, top_p] = hopeless
+    if vocab >= 32000:
+        assert said["flat", 1.0, 0.9] and said["zipf", 1.0, 0.9]
+        assert not said["zipf", 0.7, 0.9]

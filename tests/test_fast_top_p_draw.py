@@ -7,21 +7,13 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
-from hfbridge import Sampler, _fast, sample_step
-from hfbridge._candidates import top_p_candidates
-from hfbridge._fast import _draws_pay, fast_draw, fast_sample, fast_scores
+from hfbridge import Sampler, _top_p_draw, sample_step
+from hfbridge._candidates import certified_total, top_p_candidates
+from hfbridge._fast import fast_draw, fast_sample, fast_scores
 from hfbridge._top_p import float32, rounds_at_most, top_p_mask
-from hfbridge._top_p_draw import _kept_exactly, draw_top_p
+from hfbridge._top_p_draw import TopPDraw, draw_top_p, kept_exactly, top_p_route
 
 NEG_INF = float("-inf")
-DRAW_MIN_MASS = _fast._DRAW_MIN_MASS
-
-
-@pytest.fixture(autouse=True)
-def draw_route_always(monkeypatch):
-    """The fast path takes the draw route only where it pays (`_draws_pay`); these tests take it on
-    every row whose candidates do not prove the cut, flat rows included."""
-    monkeypatch.setattr(_fast, "_DRAW_MIN_MASS", 0.0)
 
 
 def zipf(batch, vocab, seed, exponent=1.1):
@@ -56,10 +48,9 @@ def test_each_tokens_check_is_the_cut_over_the_row(top_p, temperature):
     keep = top_p_mask(probs, top_p, scores=scores)
     cut, inclusive = rounds_at_most(float32(1.0 - top_p))
     for row in range(scores.shape[0]):
-        tokens = torch.arange(scores.shape[1])
-        n = tokens.numel()
-        checked = _kept_exactly(scores[row].expand(n, -1).clone(), probs[row].expand(n, -1).clone(), tokens, cut,
-                                inclusive)
+        row_scores, row_probs = scores[row].numpy(), probs[row].numpy()
+        checked = torch.tensor([kept_exactly(row_scores, row_probs, t, cut, inclusive)
+                                for t in range(scores.shape[1])])
         assert torch.equal(checked, keep[row]), row
         distinct = x[row].unique().numel() == x.shape[1]
         if distinct:  # where scores differ, that is HF's own set
@@ -67,8 +58,11 @@ def test_each_tokens_check_is_the_cut_over_the_row(top_p, temperature):
             assert torch.equal(checked, ref)
 
 
-@pytest.mark.parametrize("vocab", [640, 600], ids=["sums-of-16-reused", "plain-draw"])
-def test_draws_follow_hfs_distribution_when_many_tokens_survive(vocab):
+@pytest.mark.parametrize("vocab", [640, 600], ids=["sums-of-16", "sums-of-16-and-the-rest"])
+@pytest.mark.parametrize("skip", [True, False], ids=["candidates-skipped", "candidates-tried"])
+def test_draws_follow_hfs_distribution_when_many_tokens_survive(vocab, skip, monkeypatch):
+    if not skip:  # the draw then accepts the candidates that surely survive without a check
+        monkeypatch.setattr(_top_p_draw, "candidates_cannot_hold", lambda *args: False)
     x = torch.randn(1, vocab, generator=torch.Generator().manual_seed(vocab)) * 0.7
     processors = [hf.TemperatureLogitsWarper(0.9), hf.TopPLogitsWarper(0.9)]
     scores = x / 0.9
@@ -146,11 +140,48 @@ def test_sampler_lends_float32_logits_read_only(options):
     assert torch.equal(lent, copied(logits.double(), ids))  # float64 rows go through a float32 copy
 
 
-def test_the_draw_route_is_taken_where_sure_candidates_hold_most_of_the_mass(monkeypatch):
-    monkeypatch.setattr(_fast, "_DRAW_MIN_MASS", DRAW_MIN_MASS)
-    for rows, temperature, pays in ((zipf(4, 128256, seed=7), 1.0, True),  # ~70% of the mass in the best 512
-                                    (torch.randn(4, 128256, generator=torch.Generator().manual_seed(7)), 0.8, False)):
+def test_the_draw_skips_candidates_that_cannot_hold_the_cut():
+    # Flat rows and Zipf-like rows at temperature 1 keep thousands of tokens: the candidates are
+    # not tried; at temperature 0.7 the best 64 hold the cut. With a memo, the bound is tried
+    # only after a step whose candidates failed.
+    flat = torch.randn(4, 128256, generator=torch.Generator().manual_seed(7))
+    for rows, temperature, skipped in ((zipf(4, 128256, seed=7), 1.0, True), (flat, 0.8, True),
+                                       (zipf(4, 128256, seed=7), 0.7, False)):
         scores = rows / temperature
-        tried = top_p_candidates(scores, torch.softmax(scores, dim=-1), 0.9, 1)
-        assert tried is not None and not tried.proved
-        assert _draws_pay(tried) is pays
+        probs = torch.softmax(scores, dim=-1)
+        route = top_p_route(scores, probs, 0.9, 1)
+        assert isinstance(route, TopPDraw) == skipped
+        assert not skipped or route.tried is None
+        memo = {}
+        top_p_route(scores, probs, 0.9, 1, memo)
+        if not skipped:
+            assert top_p_route(scores, probs, 0.9, 1, memo).proved and memo["kept"] <= 64
+    scores = zipf(4, 128256, seed=7)
+    route = top_p_route(scores, torch.softmax(scores, dim=-1), 0.9, 2)  # min_tokens_to_keep: candidates tried
+    assert isinstance(route, TopPDraw) and route.tried is not None
+
+
+@pytest.mark.parametrize("temperature", [0.8, 1.0])
+def test_skipping_the_candidates_changes_no_token(temperature, monkeypatch):
+    # The draw does not depend on the candidates: skipped or tried, the same seed gives the same tokens.
+    x = torch.cat([zipf(6, 50000, seed=11), torch.randn(2, 50000, generator=torch.Generator().manual_seed(12))])
+    processors = [hf.TemperatureLogitsWarper(temperature), hf.TopPLogitsWarper(0.9)]
+    skipped = [fast_sample(None, x.clone(), processors, torch.Generator().manual_seed(s)) for s in range(4)]
+    monkeypatch.setattr(_top_p_draw, "candidates_cannot_hold", lambda *args: False)
+    tried = [fast_sample(None, x.clone(), processors, torch.Generator().manual_seed(s)) for s in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(skipped, tried))
+
+
+def test_the_draw_needs_a_distribution_in_every_row():
+    x = torch.randn(3, 5000, generator=torch.Generator().manual_seed(2))
+    for value in (float("nan"), float("inf")):
+        bad = x.clone()
+        bad[1, 9] = value
+        probs = torch.softmax(bad, dim=-1)
+        assert draw_top_p(bad, probs, None, 0.9, 1) is None
+        assert not isinstance(top_p_route(bad, probs, 0.9, 1), TopPDraw)
+    only_inf = x.clone()
+    only_inf[2] = NEG_INF
+    assert draw_top_p(only_inf, torch.softmax(only_inf, dim=-1), None, 0.9, 1) is None
+    probs = torch.softmax(x, dim=-1)
+    assert draw_top_p(x, probs, None, 0.4, 1, total=certified_total(probs)) is None  # top_p < 0.5: find the cut
