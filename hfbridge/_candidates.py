@@ -152,13 +152,30 @@ class TopPTry(NamedTuple):
         return (self.kept < self.ids.shape[1]) & (self.cand.gather(1, self.kept - 1) > self.cand[:, -1:])
 
 
+def _sizes(vocab: int, last: int | None) -> list[int]:
+    """Candidate counts to try: 64, then 512 (if the vocabulary has 8 times that). After a step
+    that kept `last` tokens at most, first the multiple of 64 a quarter above `last`, if smaller
+    than the largest size, then the largest size.
+
+    >>> _sizes(128256, None), _sizes(128256, 30), _sizes(128256, 273), _sizes(128256, 513), _sizes(3000, 273)
+    ([64, 512], [64, 512], [384, 512], [512], [64])
+    """
+    sizes = [k for k in _CANDIDATES if k == _CANDIDATES[0] or 8 * k <= vocab]
+    if last is None:
+        return sizes
+    fit = max(_CANDIDATES[0], -(-5 * last // (4 * _CANDIDATES[0])) * _CANDIDATES[0])  # 1.25 last, up to 64s
+    return [fit, sizes[-1]] if fit < sizes[-1] else sizes[-1:]
+
+
 def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
                      memo: dict | None = None, total: Total | None = None) -> TopPTry | None:
     """HF's top-p cut among the best-scoring candidates, and whether a check proves they hold it.
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
-    steps, a size too small for the last step is not tried (successive steps look alike). That
-    never changes the outcome: a smaller size that succeeds implies that the larger one does.
+    steps, the first try is sized a quarter above the last step's count instead (successive steps
+    look alike, and a try costs more the more candidates it selects; `_sizes`). That never changes
+    the outcome: every size that succeeds finds the same cut, and a smaller size that succeeds
+    implies that the larger one does.
 
     Args:
         scores: `(batch, vocab)` float32 scores, temperature applied.
@@ -174,11 +191,7 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     vocab = scores.shape[-1]
     memo = {} if memo is None else memo
     last_try = None
-    sizes = [k for k in _CANDIDATES if k == _CANDIDATES[0] or 8 * k <= vocab]
-    last = memo.get("kept")
-    if last is not None:  # successive steps look alike: start where the last one ended
-        sizes = [k for k in sizes if 4 * k > 5 * last] or sizes[-1:]
-    for k in sizes:
+    for k in _sizes(vocab, memo.get("kept")):
         k = min(k, vocab)
         if at_least >= k:
             break

@@ -122,3 +122,19 @@ def test_candidates_said_to_fail_never_hold_the_cut(vocab):
     if vocab >= 32000:
         assert said["flat", 1.0, 0.9] and said["zipf", 1.0, 0.9]
         assert not said["zipf", 0.7, 0.9]
+
+
+def test_a_sampler_reused_across_steps_draws_what_fresh_ones_draw():
+    # The memo sizes the first try after the last step's count; as the count moves between steps
+    # (a smaller try fails, a larger one is needed, the draw route comes and goes), the tokens are
+    # those of a sampler without history.
+    from hfbridge import Sampler
+
+    noise = torch.Generator().manual_seed(9)
+    x = zipf(4, 40000, seed=9)
+    reused = Sampler(do_sample=True, top_p=0.9, top_k=0, fast=True, generator=torch.Generator())
+    for step, temperature in enumerate((0.6, 0.8, 0.75, 1.0, 0.7, 0.9, 0.65, 0.85)):
+        logits = x / temperature + 0.05 * torch.randn(x.shape, generator=noise)
+        reused.generator.manual_seed(step)
+        fresh = Sampler(do_sample=True, top_p=0.9, top_k=0, fast=True, generator=torch.Generator().manual_seed(step))
+        assert torch.equal(reused(logits), fresh(logits)), temperature
