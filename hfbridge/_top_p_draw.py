@@ -197,7 +197,8 @@ def kept_exactly(scores: np.ndarray, probs: np.ndarray, token: int, cut: float, 
     score = scores[token]
     lower, below = work if work is not None else (np.empty(scores.shape, bool), np.empty(probs.shape, np.float32))
     np.multiply(probs, np.less(scores, score, out=lower), out=below)  # [V] float32: its probability or 0
-    mine = float(probs[token]) * (1 + np.count_nonzero(scores[token + 1 :] == score))  # its tie group's share
+    # its tie group's share (int(): NumPy may count in np.int64, which would make every result below NumPy's)
+    mine = float(probs[token]) * (1 + int(np.count_nonzero(scores[token + 1 :] == score)))
     width = below.shape[0] // _BLOCK
     approx = float(below[: _BLOCK * width].reshape(_BLOCK, width).sum(axis=0).sum(dtype=np.float64))
     approx += float(below[_BLOCK * width :].sum(dtype=np.float64))

@@ -185,3 +185,14 @@ def test_the_draw_needs_a_distribution_in_every_row():
     assert draw_top_p(only_inf, torch.softmax(only_inf, dim=-1), None, 0.9, 1) is None
     probs = torch.softmax(x, dim=-1)
     assert draw_top_p(x, probs, None, 0.4, 1, total=certified_total(probs)) is None  # top_p < 0.5: find the cut
+
+
+def test_the_check_answers_a_python_bool():
+    # torch 2.6 cannot build a bool tensor from NumPy bools (the draw collects the answers in a list);
+    # NumPy's count of equal scores can be an np.int64, which once turned the answer into np.bool_.
+    x = rows_of_every_kind(3000, seed=70)
+    scores = x / 0.7
+    probs = torch.softmax(scores, dim=-1)
+    cut, inclusive = rounds_at_most(float32(0.5))
+    answers = {type(kept_exactly(scores[6].numpy(), probs[6].numpy(), t, cut, inclusive)) for t in range(3000)}
+    assert answers == {bool}
