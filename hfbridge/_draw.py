@@ -40,11 +40,13 @@ def draw(weights: torch.Tensor, generator: torch.Generator | None = None, block:
     return draw_checked(weights, generator, block)[0]
 
 
-def draw_checked(weights: torch.Tensor, generator: torch.Generator | None = None,
-                 block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_checked(weights: torch.Tensor, generator: torch.Generator | None = None, block: int | None = None, *,
+                 uniforms: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`draw`, plus a `(batch,)` bool flag: False for a row whose weights are NaN or all zero.
 
     Such a row still gets a token id in range (never an out-of-bounds index on any device).
+    `uniforms`: the two `(batch, 1)` float64 numbers each `pick` would draw, drawn by the caller
+    (inside `torch.cond` nothing is drawn); by default drawn here, in that order.
 
     >>> tokens, valid = draw_checked(torch.tensor([[0.0, 2.0], [float("nan"), 1.0]]))
     >>> valid.tolist()
@@ -58,26 +60,30 @@ def draw_checked(weights: torch.Tensor, generator: torch.Generator | None = None
     sums = weights.as_strided((n, full // block, block), (vocab, block, 1)).sum(dim=-1)  # [N, NB]
     if full < vocab:
         sums = torch.cat([sums, weights[:, full:].sum(dim=-1, keepdim=True)], dim=-1)
-    chosen, valid = pick(sums, generator)
+    first, second = (None, None) if uniforms is None else uniforms
+    chosen, valid = pick(sums, generator, uniform=first)
     ids = chosen[:, None] * block + torch.arange(block, device=weights.device)  # [N, B]
     inside = ids < vocab
     ids = ids.clamp_(max=vocab - 1)
     local = weights.gather(1, ids).mul_(inside)  # [N, B]
-    return ids.gather(1, pick(local, generator)[0][:, None]).squeeze(1), valid
+    return ids.gather(1, pick(local, generator, uniform=second)[0][:, None]).squeeze(1), valid
 
 
-def pick(weights: torch.Tensor, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pick(weights: torch.Tensor, generator: torch.Generator | None = None, *,
+         uniform: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(batch,)` index i with probability `w_i / sum(w)`, and `(batch,)` bool: the row could be drawn.
 
     The index is the first running sum above `U * sum(w)`; a row with NaN or no weight gets an
-    index in range and False.
+    index in range and False. `uniform`: `(batch, 1)` float64 U in [0, 1) drawn by the caller;
+    by default drawn here (`torch.rand`).
 
     >>> pick(torch.tensor([[0.0, 0.0, 3.0]]))[0].tolist()
     [2]
     """
     running = weights.double().cumsum(dim=-1)  # [N, K]
     total = running[:, -1:]  # [N, 1]
-    uniform = torch.rand(total.shape, generator=generator, device=weights.device, dtype=torch.float64)
+    if uniform is None:
+        uniform = torch.rand(total.shape, generator=generator, device=weights.device, dtype=torch.float64)
     # U < 1 but U * total may round up to total; stay strictly below so a zero weight is never picked.
     target = torch.minimum(uniform * total, total * (1 - 2.0**-52))
     index = (running <= target).sum(dim=-1).clamp_(max=weights.shape[-1] - 1)

@@ -47,8 +47,8 @@ Syncs and compilation. On CPU in eager mode, a few checks (reading CPU flags, wh
 decide whether the candidates suffice and which rows draw again. On other devices and under
 `torch.compile` only the fixed-shape kernels run: no data-dependent Python control flow and no host-device sync (with
 `fullgraph=True`, pass `generator=None` and seed with `torch.manual_seed`: dynamo cannot trace a
-`torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and `torch.cond` runs the
-radix select only when a row's cut is not among them (`_fixed_shape.py`); eager on an accelerator
+`torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and draws among them;
+`torch.cond` runs the radix select only when a row's cut is not among them (`_fixed_shape.py`); eager on an accelerator
 the radix select runs alone, as `torch.cond` would read its flag on the host.
 `with accelerator_route():` (`_routes.py`) runs that eager accelerator route on CPU too.
 
@@ -84,7 +84,7 @@ from transformers import (
 
 from ._candidates import TopPTry, top_candidates, top_p_count
 from ._draw import draw, draw_checked, draw_kept, draw_one_row_known, pick
-from ._fixed_shape import top_p_keep
+from ._fixed_shape import FixedTopP, fixed_top_p, top_p_keep
 from ._one_row import one_row_kept
 from ._processor_list import check_processor_output
 from ._routes import cpu_shortcuts
@@ -215,8 +215,8 @@ class _State:
 
     # Slots: under torch.compile, torch 2.13's dynamo drops the attribute writes made after a
     # `torch.cond` (the fixed-shape top-p's) to an object with a `__dict__` created in the graph.
-    __slots__ = ("all_kept", "cand", "cand_keep", "filter_value", "ids", "keep", "kept_arrays", "owned", "probs",
-                 "scores", "temperature", "top_p")
+    __slots__ = ("all_kept", "cand", "cand_keep", "filter_value", "fixed", "ids", "keep", "kept_arrays", "owned",
+                 "probs", "scores", "temperature", "top_p")
 
     def __init__(self, scores: torch.Tensor, *, read_only: bool = False) -> None:
         self.scores = scores  # [N, V] float32
@@ -233,11 +233,13 @@ class _State:
         self.temperature: float | None = None  # a division not yet applied to `scores`
         # a top-p cut not found yet, left to the draw (`_top_p_draw.py`), with `probs`
         self.top_p: TopPDraw | None = None
+        self.fixed: FixedTopP | None = None  # a top-p cut found on fixed shapes (compiled), not applied yet
 
     @property
     def pending(self) -> bool:
         """A filter decided but not written into `scores`."""
-        return self.keep is not None or self.ids is not None or self.top_p is not None or self.kept_arrays is not None
+        return (self.keep is not None or self.ids is not None or self.top_p is not None or self.kept_arrays is not None
+                or self.fixed is not None)
 
     def divided(self) -> torch.Tensor:
         """`scores` with the pending temperature divided in (not the pending filter), to read only.
@@ -270,6 +272,8 @@ class _State:
             ids, cand = self.kept_arrays
             self.ids, self.cand = torch.from_numpy(ids[None]), torch.from_numpy(cand[None])  # [1, K]
             self.cand_keep, self.kept_arrays = torch.ones_like(self.ids, dtype=torch.bool), None
+        if self.fixed is not None:
+            self.scores, self.fixed = self.fixed.apply(self.filter_value), None
         if self.ids is not None:
             assert self.cand_keep is not None  # set together with `ids`
             self.keep = self.scores.new_zeros((n, vocab), dtype=torch.bool).scatter_(1, self.ids, self.cand_keep)
@@ -283,11 +287,11 @@ class _State:
     def filtered(self, filter_value: float, *, keep: torch.Tensor | None = None, probs: torch.Tensor | None = None,
                  ids: torch.Tensor | None = None, cand: torch.Tensor | None = None,
                  cand_keep: torch.Tensor | None = None, all_kept: bool = False,
-                 kept_arrays: tuple[Any, Any] | None = None) -> None:
+                 kept_arrays: tuple[Any, Any] | None = None, fixed: FixedTopP | None = None) -> None:
         self.filter_value = float(filter_value)
         self.keep, self.probs, self.ids, self.cand, self.cand_keep = keep, probs, ids, cand, cand_keep
         self.all_kept, self.kept_arrays = all_kept, kept_arrays
-        self.top_p = None
+        self.top_p, self.fixed = None, fixed
 
     def _find_top_p_cut(self) -> None:
         """Turn a pending top-p into `keep`: the exact cut over the whole row (`_top_p_sorted.py`)."""
@@ -315,6 +319,8 @@ class _State:
             weights = (self.cand - self.cand[:, :1]).exp_().masked_fill_(~self.cand_keep, 0.0)  # [N, K]
             index, valid = pick(weights, generator)
             return self.ids.gather(1, index[:, None]).squeeze(1), valid
+        if self.fixed is not None and self.filter_value == _NEG_INF:
+            return self.fixed.draw(generator)  # over the candidates where they hold the cut
         if self.top_p is not None and self.filter_value == _NEG_INF:
             assert self.probs is not None  # set with `top_p`
             tried, top_p, at_least, total = self.top_p
@@ -427,6 +433,9 @@ def _top_p(state: _State, processor: TopPLogitsWarper, candidates: bool, memo: d
         keep = top_p_mask_sorted(probs, top_p, at_least, scores=scores)
     elif candidates:
         keep = top_p_mask(probs, top_p, at_least, scores=scores, branch=True)
-    else:  # fixed shapes: under torch.compile, candidates first, on the device (`_fixed_shape.py`)
+    elif torch.compiler.is_compiling():  # fixed shapes, candidates first, on the device (`_fixed_shape.py`)
+        state.filtered(processor.filter_value, fixed=fixed_top_p(scores, top_p, at_least))
+        return
+    else:  # eager fixed shapes: the radix select (`torch.cond` would read its flag on the host)
         keep = top_p_keep(scores, probs, top_p, at_least)
     state.filtered(processor.filter_value, keep=keep, probs=probs)

@@ -13,7 +13,8 @@ from transformers.generation import logits_process as hf
 
 from hfbridge import _fixed_shape
 from hfbridge._fast import fast_draw
-from hfbridge._fixed_shape import block_topk, candidate_cut, top_p_keep
+from hfbridge._fixed_shape import block_topk, candidate_cut, fixed_top_p, top_p_keep
+from hfbridge._ordered_topk import ordered_topk
 
 NAN, INF, NEG_INF = float("nan"), float("inf"), float("-inf")
 
@@ -85,6 +86,14 @@ def test_both_routes_keep_hfs_set(x, top_p, at_least, k, temperature):
     radix = top_p_keep(scores, probs, top_p, at_least, route="radix")
     assert torch.equal(candidates[holds[:, 0]], radix[holds[:, 0]])
     assert torch.equal(both, torch.where(holds, candidates, radix))
+    # The compiled route's cut (the total from the exponentials' sum, within a bound): HF's set too,
+    # the candidates' answer where its flag is set, the radix select's elsewhere.
+    cut = fixed_top_p(scores, top_p, at_least, k)
+    applied = cut.apply(NEG_INF, route="both")
+    assert_hfs_set(scores, ref, applied > NEG_INF)
+    sure = cut.holds[:, 0]
+    assert torch.equal(applied[~sure] > NEG_INF, radix[~sure] & (scores[~sure] > NEG_INF))
+    assert bool((cut.keep.sum(dim=-1)[sure] == (applied[sure] > NEG_INF).sum(dim=-1)).all())
 
 
 def test_the_flag_is_set_on_realistic_rows_and_unset_on_flat_ones():
@@ -134,6 +143,62 @@ def test_rows_without_a_distribution_keep_every_token():
     # Every token a candidate: no flag needed, the same answer.
     keep = top_p_keep(x[:, :300], torch.softmax(x[:, :300], dim=-1), 0.9, 1, route="cond")
     assert keep[1:].all() and torch.equal(keep[0], hfs_keep(x[:1, :300], 0.9, 1)[0])
+
+
+@pytest.mark.parametrize("vocab", [3001, 8192, 32000, 50257, 128256])
+def test_ordered_topk_is_the_top_k_in_hfs_order(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(4, vocab, generator=g)
+    x[1] = torch.randint(0, 3, (vocab,), generator=g).float()  # ties at every place: ascending ids
+    x[2, : vocab - 5] = NEG_INF  # fewer finite scores than k: every one of them is found
+    x[3, 7], x[3, 9] = 0.0, -0.0  # equal scores
+    for k in (1, 64, 512):
+        values, ids, best = ordered_topk(x, k)
+        assert torch.equal(values, torch.topk(x, k).values) and torch.equal(x.gather(1, ids), values)
+        assert torch.equal(best, x.amax(dim=-1, keepdim=True)) and bool((ids < vocab).all())
+        tied = (values[:, 1:] == values[:, :-1]) & (values[:, 1:] > NEG_INF)  # -inf: padding may repeat an id
+        assert bool((ids[:, 1:][tied] > ids[:, :-1][tied]).all())
+        finite = ids[2][values[2] > NEG_INF].tolist()
+        assert len(finite) == min(k, 5) and set(finite) <= set(range(vocab - 5, vocab))
+
+
+def test_the_compiled_draw_is_the_candidate_routes_draw():
+    # Same seed, same uniform numbers: where the candidates hold the cut, the fixed-shape draw over
+    # them gives the token the eager candidate route gives (pick over exp(cand - best)); where they
+    # do not, the one the eager fixed-shape route gives (the radix select's mask, draw_checked).
+    processors = LogitsProcessorList([hf.TemperatureLogitsWarper(0.8), hf.TopPLogitsWarper(0.9)])
+    x = zipf(6, 32000, seed=7)
+    flat = torch.randn(6, 32000, generator=torch.Generator().manual_seed(7))
+    for rows, candidates, sure in ((x, True, True), (flat, False, False)):
+        scores = rows / 0.8
+        cut = fixed_top_p(scores, 0.9, 1)
+        assert bool(cut.holds.all()) == sure
+        for seed in range(5):
+            torch.manual_seed(seed)
+            tokens, valid = cut.draw(route="both")
+            torch.manual_seed(seed)
+            assert torch.equal(tokens, fast_draw(None, rows.clone(), processors, candidates=candidates).tokens)
+            assert bool(valid.all())
+
+
+def test_the_compiled_draw_samples_hfs_distribution():
+    # Chi-square over 3 rows, 8000 draws each: the fixed-shape draw over the candidates against
+    # softmax(HF's final scores).
+    processors = LogitsProcessorList([hf.TemperatureLogitsWarper(2.0), hf.TopPLogitsWarper(0.6)])
+    x = zipf(3, 4096, seed=8, exponent=3.0)
+    cut = fixed_top_p(x / 2.0, 0.6, 1)
+    assert bool(cut.holds.all())
+    probs = torch.softmax(processors(None, x.clone()), dim=-1)  # [3, V]
+    torch.manual_seed(8)
+    draws = torch.stack([cut.draw(route="candidates")[0] for _ in range(8000)], dim=1)  # [3, 8000]
+    for row in range(3):
+        support = probs[row].nonzero()[:, 0]
+        assert 3 <= support.numel() <= 60
+        counts = torch.bincount(draws[row], minlength=4096)
+        assert int(counts.sum() - counts[support].sum()) == 0  # never a removed token
+        expected = probs[row, support].double() * 8000
+        stat = float(((counts[support].double() - expected) ** 2 / expected).sum())
+        assert stat < support.numel() + 5 * (2 * support.numel()) ** 0.5  # mean + 5 sd of chi2(n)
 
 
 @pytest.mark.parametrize("vocab", [2048, 3001, 32000, 50257])
