@@ -174,10 +174,10 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
     steps (successive steps look alike), first the tokens above a floor under the last step's cut
-    (`_floor_candidates.py`), and the first size tried is a quarter above the last step's count
-    (a try costs more the more candidates it selects; `_sizes`). That never changes the outcome:
-    every candidate set that succeeds finds the same cut, and the draw over the kept candidates
-    does not depend on how many others were tried.
+    (`_floor_candidates.py`) when that step kept more than 64, and the first size tried is a
+    quarter above the last step's count (a try costs more the more candidates it selects;
+    `_sizes`). That never changes the outcome: every candidate set that succeeds finds the same
+    cut, and the draw over the kept candidates does not depend on how many others were tried.
 
     Args:
         scores: `(batch, vocab)` float32 scores, temperature applied.
@@ -193,7 +193,10 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     vocab = scores.shape[-1]
     memo = {} if memo is None else memo
     floor = memo.pop("floor", None)  # [N] scores under the last step's cuts (`_floor_candidates.py`)
-    if floor is not None and floor.shape[0] == scores.shape[0] and scores.device.type == "cpu":
+    # Where the last step kept few enough for the smallest try, that try costs no more than the floor's.
+    last = memo.get("kept")
+    if (floor is not None and last is not None and last > _CANDIDATES[0] and floor.shape[0] == scores.shape[0]
+            and scores.device.type == "cpu"):
         found = candidates_above(scores, floor)
         if found is not None:
             cand, ids = found  # [N, K], rows padded with -inf
