@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._floor_candidates import candidates_above, next_floor
 from ._top_p import float32, rounds_at_most
 
 __all__ = ["TopPTry", "Total", "block_topk", "candidates_cannot_hold", "certified_total", "proved_last",
@@ -172,10 +173,11 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     """HF's top-p cut among the best-scoring candidates, and whether a check proves they hold it.
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
-    steps, the first try is sized a quarter above the last step's count instead (successive steps
-    look alike, and a try costs more the more candidates it selects; `_sizes`). That never changes
-    the outcome: every size that succeeds finds the same cut, and a smaller size that succeeds
-    implies that the larger one does.
+    steps (successive steps look alike), first the tokens above a floor under the last step's cut
+    (`_floor_candidates.py`) when that step kept more than 64, and the first size tried is a
+    quarter above the last step's count (a try costs more the more candidates it selects;
+    `_sizes`). That never changes the outcome: every candidate set that succeeds finds the same
+    cut, and the draw over the kept candidates does not depend on how many others were tried.
 
     Args:
         scores: `(batch, vocab)` float32 scores, temperature applied.
@@ -190,6 +192,22 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     """
     vocab = scores.shape[-1]
     memo = {} if memo is None else memo
+    floor = memo.pop("floor", None)  # [N] scores under the last step's cuts (`_floor_candidates.py`)
+    # Where the last step kept few enough for the smallest try, that try costs no more than the floor's.
+    last = memo.get("kept")
+    if (floor is not None and last is not None and last > _CANDIDATES[0] and floor.shape[0] == scores.shape[0]
+            and scores.device.type == "cpu"):
+        found = candidates_above(scores, floor)
+        if found is not None:
+            cand, ids = found  # [N, K], rows padded with -inf
+            picked = probs.gather(1, ids).masked_fill_(cand == _NEG_INF, 0.0)  # [N, K]
+            total = certified_total(probs) if total is None else total
+            kept = _count_with_total(probs, picked, total, top_p, at_least)
+            # A padded row holds its cut only if no padding is kept: `decided` compares with -inf.
+            floor_try = TopPTry(ids, cand, picked, kept, False, total)
+            if bool(floor_try.decided().all()):
+                memo["kept"], memo["floor"] = int(kept.max()), next_floor(cand, kept)
+                return floor_try._replace(proved=True)
     last_try = None
     for k in _sizes(vocab, memo.get("kept")):
         k = min(k, vocab)
@@ -206,7 +224,7 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
         # Certain only if the last kept candidate is above every token that is not a candidate.
         last_try = TopPTry(ids, cand, picked, kept, False, total)
         if k == vocab or bool(last_try.decided().all()):
-            memo["kept"] = int(kept.max())
+            memo["kept"], memo["floor"] = int(kept.max()), next_floor(cand, kept)
             return last_try._replace(proved=True)
         # A larger try can only succeed if its extra tokens, none above the k-th, could reach top_p.
         reach = picked.double().sum(dim=-1) + (_CANDIDATES[-1] - k) * picked[:, -1].double()
