@@ -370,21 +370,19 @@ def _run_rank(rank: int, port: int) -> tuple:
     for name, make in forms.items():
         model = make()
         alone[name] = (generate(model, prompt, **options).tolist(), _calls(model))
+    # `run_two_ranks` destroys the group once this rank's values are sent
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        synced = {}
-        for name, make in forms.items():
-            model = make()
-            synced[name] = (generate(model, prompt, synced_gpus=True, **options).tolist(), _calls(model))
-        model = Successor()
-        default = (generate(model, prompt, **options).tolist(), model.calls)  # HF's rule: a plain model is not sharded
-        model = Sharded()
-        sharded = (generate(model, prompt, **options).tolist(), model.calls)  # HF's rule: FSDP-managed, 2 ranks: on
-        check_every = Successor()
-        checked = (generate(check_every, prompt, synced_gpus=True, check_every=4, **options).tolist(),
-                   check_every.calls)
-    finally:
-        torch.distributed.destroy_process_group()
+    synced = {}
+    for name, make in forms.items():
+        model = make()
+        synced[name] = (generate(model, prompt, synced_gpus=True, **options).tolist(), _calls(model))
+    model = Successor()
+    default = (generate(model, prompt, **options).tolist(), model.calls)  # HF's rule: a plain model is not sharded
+    model = Sharded()
+    sharded = (generate(model, prompt, **options).tolist(), model.calls)  # HF's rule: FSDP-managed, 2 ranks: on
+    check_every = Successor()
+    checked = (generate(check_every, prompt, synced_gpus=True, check_every=4, **options).tolist(),
+               check_every.calls)
     return alone, synced, default, checked, sharded
 
 
