@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from _zipf import zipf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -52,13 +53,6 @@ def check(processors, scores, input_ids=None, candidates=True):
     out = fast_scores(input_ids, scores.clone(), processors, candidates=candidates)
     assert_same_filter(ref, out)
     return ref, out
-
-
-def zipf(batch, vocab, seed, exponent=1.1):
-    g = torch.Generator().manual_seed(seed)
-    log_rank = torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))
-    rows = [-exponent * log_rank[torch.randperm(vocab, generator=g)] for _ in range(batch)]
-    return torch.stack(rows) + 0.1 * torch.randn(batch, vocab, generator=g)
 
 
 # --- equality with HF's processors ----------------------------------------------------------------

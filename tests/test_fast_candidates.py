@@ -2,19 +2,13 @@
 
 import pytest
 import torch
+from _zipf import zipf
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge._candidates import certified_total, top_candidates, top_p_candidates, top_p_count
 
 NEG_INF = float("-inf")
-
-
-def zipf(batch, vocab, seed, exponent=1.1):
-    g = torch.Generator().manual_seed(seed)
-    log_rank = torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))
-    rows = [-exponent * log_rank[torch.randperm(vocab, generator=g)] for _ in range(batch)]
-    return torch.stack(rows) + 0.1 * torch.randn(batch, vocab, generator=g)
 
 
 @pytest.mark.parametrize(("vocab", "k"), [(128256, 512), (128256, 64), (32000, 500), (50257, 512), (4099, 33),

@@ -6,6 +6,7 @@ import doctest
 import pytest
 import torch
 from _host_reads import HostReads
+from _zipf import zipf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LogitsProcessorList
@@ -17,13 +18,6 @@ from hfbridge._fixed_shape import block_topk, candidate_cut, fixed_top_p, top_p_
 from hfbridge._ordered_topk import ordered_topk
 
 NAN, INF, NEG_INF = float("nan"), float("inf"), float("-inf")
-
-
-def zipf(batch, vocab, seed, exponent=1.1):
-    g = torch.Generator().manual_seed(seed)
-    log_rank = torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))
-    rows = [-exponent * log_rank[torch.randperm(vocab, generator=g)] for _ in range(batch)]
-    return torch.stack(rows) + 0.1 * torch.randn(batch, vocab, generator=g)
 
 
 @st.composite

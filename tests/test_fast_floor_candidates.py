@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from _zipf import zipf
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
@@ -10,13 +11,6 @@ from hfbridge._fast import fast_draw
 from hfbridge._floor_candidates import candidates_above, next_floor
 
 NEG_INF = float("-inf")
-
-
-def zipf(batch, vocab, seed, exponent=1.1):
-    g = torch.Generator().manual_seed(seed)
-    log_rank = torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))
-    rows = [-exponent * log_rank[torch.randperm(vocab, generator=g)] for _ in range(batch)]
-    return torch.stack(rows) + 0.1 * torch.randn(batch, vocab, generator=g)
 
 
 def test_candidates_above_a_floor_come_best_first_and_pad_below_the_floor():

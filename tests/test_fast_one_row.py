@@ -5,7 +5,8 @@ import doctest
 
 import pytest
 import torch
-from test_fast import CHI2_999, assert_same_filter, chi_square, zipf
+from _zipf import zipf
+from test_fast import CHI2_999, assert_same_filter, chi_square
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 

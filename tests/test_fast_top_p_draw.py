@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from _zipf import zipf
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
@@ -14,13 +15,6 @@ from hfbridge._top_p import float32, rounds_at_most, top_p_mask
 from hfbridge._top_p_draw import TopPDraw, draw_top_p, kept_exactly, top_p_route
 
 NEG_INF = float("-inf")
-
-
-def zipf(batch, vocab, seed, exponent=1.1):
-    g = torch.Generator().manual_seed(seed)
-    log_rank = torch.log(torch.arange(1, vocab + 1, dtype=torch.float32))
-    rows = [-exponent * log_rank[torch.randperm(vocab, generator=g)] for _ in range(batch)]
-    return torch.stack(rows) + 0.1 * torch.randn(batch, vocab, generator=g)
 
 
 def rows_of_every_kind(vocab, seed):
