@@ -19,7 +19,7 @@ from ._floor_candidates import candidates_above, next_floor
 from ._top_p import float32, rounds_at_most
 
 __all__ = ["TopPTry", "Total", "block_topk", "candidates_cannot_hold", "certified_total", "proved_last",
-           "top_candidates", "top_p_candidates", "top_p_count"]
+           "top_blocks", "top_candidates", "top_p_candidates", "top_p_count"]
 
 _NEG_INF = float("-inf")
 
@@ -80,6 +80,21 @@ def block_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     block = min(32, 1 << max(vocab // (4 * k), 1).bit_length() - 1)  # a power of two, k * block <= vocab / 4
     if block < 4 or vocab < 2048:
         return tuple(torch.topk(scores, k, dim=-1))  # type: ignore[return-value]
+    values, ids, _ = top_blocks(scores, k, block)  # [N, k * block]
+    cand, local = torch.topk(values, k, dim=-1)  # [N, k]
+    return cand, ids.gather(1, local)
+
+
+def top_blocks(scores: torch.Tensor, k: int, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(batch, k * block)` scores and ids of the `k` blocks of `block` tokens with the largest maxima
+    (a partial last block is padded with `-inf` at the last token's id), and `(batch, blocks)` the
+    block maxima themselves. Fixed shapes: `block_topk` and the compiled route's ordered top-k.
+
+    >>> values, ids, maxima = top_blocks(torch.tensor([[0.0, 3.0, 1.0, 4.0, 2.0]]), 1, 2)
+    >>> values.tolist(), ids.tolist(), maxima.tolist()
+    ([[1.0, 4.0]], [[2, 3]], [[3.0, 4.0, 2.0]])
+    """
+    vocab = scores.shape[-1]
     full = vocab // block  # whole blocks; a last partial one is padded with -inf
     maxima = scores[:, : full * block].unflatten(1, (full, block)).amax(dim=-1)  # [N, NB]
     if full * block < vocab:
@@ -88,9 +103,7 @@ def block_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     ids = (blocks[:, :, None] * block + torch.arange(block, device=scores.device)).flatten(1)  # [N, k * block]
     outside = ids >= vocab
     ids = ids.clamp(max=vocab - 1)
-    values = scores.gather(1, ids).masked_fill_(outside, _NEG_INF)
-    cand, local = torch.topk(values, k, dim=-1)  # [N, k]
-    return cand, ids.gather(1, local)
+    return scores.gather(1, ids).masked_fill_(outside, _NEG_INF), ids, maxima
 
 
 _GROUP = 8  # tokens per group at each of the two levels of `_grouped_topk`

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from ._candidates import top_blocks
+
 __all__ = ["ordered_topk"]
 
-_NEG_INF = float("-inf")
 _BLOCK = 8  # tokens per block: one 32-byte read of the row per block chosen
 _GROUP = 4  # blocks per group in the first level of large vocabularies
 _LOW = (1 << 32) - 1  # the id's complement fills the key's low 32 bits
@@ -65,26 +66,11 @@ def _best_blocks(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     8 cost twice that; the blocks of 8 are then picked among the `4k` inside them."""
     vocab = scores.shape[-1]
     if -(-vocab // _BLOCK) <= _BLOCK * k:
-        return _top_blocks(scores, k, _BLOCK)  # [N, 8k]
-    values, ids, best = _top_blocks(scores, k, _BLOCK * _GROUP)  # [N, 32k]
-    maxima = values.unflatten(1, (-1, _BLOCK)).amax(dim=-1)  # [N, 4k]
-    inside = torch.topk(maxima, k, dim=-1, sorted=False).indices  # [N, k] blocks of 8 inside those of 32
+        values, ids, maxima = top_blocks(scores, k, _BLOCK)  # [N, 8k]
+        return values, ids, maxima.amax(dim=-1, keepdim=True)  # the row's maximum from the block maxima
+    values, ids, maxima = top_blocks(scores, k, _BLOCK * _GROUP)  # [N, 32k]
+    best = maxima.amax(dim=-1, keepdim=True)  # [N, 1]
+    inner = values.unflatten(1, (-1, _BLOCK)).amax(dim=-1)  # [N, 4k] maxima of the blocks of 8 inside
+    inside = torch.topk(inner, k, dim=-1, sorted=False).indices  # [N, k] blocks of 8 inside those of 32
     local = (inside[:, :, None] * _BLOCK + torch.arange(_BLOCK, device=scores.device)).flatten(1)  # [N, 8k]
     return values.gather(1, local), ids.gather(1, local), best
-
-
-def _top_blocks(scores: torch.Tensor, k: int, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(batch, k * block)` scores and ids of the `k` blocks of `block` tokens with the largest
-    maxima (past the last token, in a partial last block, `-inf` with the last token's id), and
-    `(batch, 1)` the rows' maxima."""
-    vocab = scores.shape[-1]
-    full = vocab // block
-    maxima = scores[:, : full * block].unflatten(1, (full, block)).amax(dim=-1)  # [N, V / block]
-    if full * block < vocab:
-        maxima = torch.cat([maxima, scores[:, full * block:].amax(dim=-1, keepdim=True)], dim=-1)
-    blocks = torch.topk(maxima, k, dim=-1, sorted=False).indices  # [N, k]
-    ids = (blocks[:, :, None] * block + torch.arange(block, device=scores.device)).flatten(1)  # [N, k * block]
-    outside = ids >= vocab
-    ids = ids.clamp(max=vocab - 1)
-    best = maxima.amax(dim=-1, keepdim=True)  # [N, 1]
-    return scores.gather(1, ids).masked_fill_(outside, _NEG_INF), ids, best
