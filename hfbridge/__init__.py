@@ -6,17 +6,17 @@
 [1]
 """
 
-from ._explain import StepTrace, explain_step
-from ._generate import generate
-from ._hooks import Hooks
-from ._layout import Layout, from_rows, to_rows
-from ._models import InputPos, ModelAdapter, Recompute, ReturnsCache
-from ._processors import build_processors
-from ._sample_step import sample_step
-from ._step import Sampler
-from ._streamers import NotebookStreamer
-from ._trace import GenerationTrace, TokenStep, explain_generation
-from ._transition_scores import compute_transition_scores
+from hfbridge._generate.generate import generate
+from hfbridge._generate.transition_scores import compute_transition_scores
+from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, ReturnsCache
+from hfbridge._models.hooks import Hooks
+from hfbridge._step.build_processors import build_processors
+from hfbridge._step.layout import Layout, from_rows, to_rows
+from hfbridge._step.sample_step import sample_step
+from hfbridge._step.sampler import Sampler
+from hfbridge._views.explain_generation import GenerationTrace, TokenStep, explain_generation
+from hfbridge._views.explain_step import StepTrace, explain_step
+from hfbridge._views.streamers import NotebookStreamer
 
 __version__ = "0.1.0"
 

@@ -26,7 +26,7 @@ from hfbridge import (
     generate,
     sample_step,
 )
-from hfbridge._cache import CacheTypeError, crop_cache
+from hfbridge._models.cache import CacheTypeError, crop_cache
 
 from _tiny_models import (
     HF_MODELS,

@@ -15,8 +15,8 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from hfbridge import Hooks, InputPos, Recompute, ReturnsCache, generate
-from hfbridge._cache import CacheTypeError, reorder_cache
-from hfbridge._hf import generation_option_names
+from hfbridge._hf.host import generation_option_names
+from hfbridge._models.cache import CacheTypeError, reorder_cache
 
 from _tiny_models import (
     HF_MODELS,

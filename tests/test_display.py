@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
-from hfbridge import Sampler, _display, build_processors
-from hfbridge._display import processor_label, processor_list_html, processor_list_repr
+from hfbridge import Sampler, build_processors
+from hfbridge._step import processor_repr as _display
+from hfbridge._step.processor_repr import processor_label, processor_list_html, processor_list_repr
 
 
 def test_each_processor_with_its_settings():

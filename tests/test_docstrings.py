@@ -19,4 +19,4 @@ def test_docstring_examples(name):
 
 
 def test_discovery_finds_the_modules():
-    assert {"hfbridge._fast", "hfbridge._models", "hfbridge._hooks", "hfbridge._candidates"} <= set(MODULES)
+    assert {"hfbridge._step.fast.fast_path", "hfbridge._models.adapters", "hfbridge._models.hooks", "hfbridge._step.fast.candidates"} <= set(MODULES)

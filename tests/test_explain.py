@@ -235,9 +235,9 @@ def test_docstring_examples():
     pytest.importorskip("matplotlib")
     import doctest
 
-    import hfbridge._explain
+    import hfbridge._views.explain_step
 
-    failures, tried = doctest.testmod(hfbridge._explain, optionflags=doctest.ELLIPSIS)
+    failures, tried = doctest.testmod(hfbridge._views.explain_step, optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
 
 

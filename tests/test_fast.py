@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation import logits_process as hf
 
-from hfbridge import _fast
-from hfbridge._fast import draw, fast_sample, fast_scores, top_candidates, top_p_mask
+from hfbridge._step.fast import fast_path as _fast
+from hfbridge._step.fast.fast_path import draw, fast_sample, fast_scores, top_candidates, top_p_mask
 
 NEG_INF = float("-inf")
 BOTH = pytest.mark.parametrize("candidates", [True, False], ids=["candidates", "fixed-shape"])

@@ -6,7 +6,7 @@ from _zipf import zipf
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
-from hfbridge._candidates import certified_total, top_candidates, top_p_candidates, top_p_count
+from hfbridge._step.fast.candidates import certified_total, top_candidates, top_p_candidates, top_p_count
 
 NEG_INF = float("-inf")
 
@@ -99,7 +99,7 @@ def test_count_decided_exactly_when_the_cut_sits_within_the_slack():
 def test_candidates_said_to_fail_never_hold_the_cut(vocab):
     # The bound only skips candidates that cannot prove the cut (the route, and so the tokens, are
     # what trying them gives); on flat rows and Zipf-like rows at temperature 1 it does skip them.
-    from hfbridge._candidates import candidates_cannot_hold
+    from hfbridge._step.fast.candidates import candidates_cannot_hold
 
     g = torch.Generator().manual_seed(vocab)
     said = {}

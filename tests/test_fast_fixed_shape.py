@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
-from hfbridge import _fixed_shape
-from hfbridge._fast import fast_draw
-from hfbridge._fixed_shape import block_topk, candidate_cut, fixed_top_p, top_p_keep
-from hfbridge._ordered_topk import ordered_topk
+from hfbridge._step.fast.fast_path import fast_draw
+from hfbridge._step.fast.ordered_topk import ordered_topk
+from hfbridge._step.fast.top_p import compiled as _fixed_shape
+from hfbridge._step.fast.top_p.compiled import block_topk, candidate_cut, fixed_top_p, top_p_keep
 
 NAN, INF, NEG_INF = float("nan"), float("inf"), float("-inf")
 

@@ -6,9 +6,9 @@ from _zipf import zipf
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
-from hfbridge._candidates import top_p_candidates
-from hfbridge._fast import fast_draw
-from hfbridge._floor_candidates import candidates_above, next_floor
+from hfbridge._step.fast.candidates import top_p_candidates
+from hfbridge._step.fast.fast_path import fast_draw
+from hfbridge._step.fast.top_p.floor_candidates import candidates_above, next_floor
 
 NEG_INF = float("-inf")
 

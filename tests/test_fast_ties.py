@@ -8,9 +8,9 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler
-from hfbridge._candidates import top_candidates
-from hfbridge._fast import fast_scores
-from hfbridge._top_p import keep_highest
+from hfbridge._step.fast.candidates import top_candidates
+from hfbridge._step.fast.fast_path import fast_scores
+from hfbridge._step.fast.top_p.mask import keep_highest
 
 NEG_INF = float("-inf")
 BOTH = pytest.mark.parametrize("candidates", [True, False], ids=["candidates", "fixed-shape"])

@@ -9,7 +9,7 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler, generate, sample_step
-from hfbridge._fast import fast_draw
+from hfbridge._step.fast.fast_path import fast_draw
 
 NAN, INF = float("nan"), float("inf")
 BOTH = pytest.mark.parametrize("candidates", [True, False], ids=["candidates", "fixed-shape"])

@@ -7,7 +7,7 @@ import struct
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hfbridge._top_p import float32, rounds_at_most
+from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
 
 EDGES = [0.0, 1.0, 0.5, 0.1, 0.9, 1 - 0.9, 1 - 0.95, 2.0**-126, 2.0**-127, 2.0**-149, 3 * 2.0**-150,
          2.0**-150, 1.0 - 2.0**-25, 1.0 + 2.0**-24, 1.0 + 3 * 2.0**-24, 1e-45, 1e-40, 3.4028234663852886e38]

@@ -23,8 +23,8 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
-import hfbridge._generate
-import hfbridge._models
+import hfbridge._generate.generate
+import hfbridge._models.adapters
 from hfbridge import Hooks, InputPos, Recompute, ReturnsCache, generate
 
 from _tiny_models import (
@@ -639,7 +639,7 @@ def test_adapter_construction_errors():
         generate(ReturnsCache(Counting()), PROMPT, max_new_tokens=2, max_context=4)
 
 
-@pytest.mark.parametrize("module", [hfbridge._generate, hfbridge._models], ids=lambda module: module.__name__)
+@pytest.mark.parametrize("module", [hfbridge._generate.generate, hfbridge._models.adapters], ids=lambda module: module.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -22,12 +22,12 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-import hfbridge._finished
-import hfbridge._lockstep
-import hfbridge._routes
+import hfbridge._generate.finished
+import hfbridge._generate.lockstep
+import hfbridge._step.routes
 from hfbridge import InputPos, ReturnsCache, generate
-from hfbridge._fast import fast_draw
-from hfbridge._routes import accelerator_route, greedy_choice
+from hfbridge._step.fast.fast_path import fast_draw
+from hfbridge._step.routes import accelerator_route, greedy_choice
 
 from _tiny_models import char_tokenizer
 
@@ -405,7 +405,7 @@ def test_synced_gpus_two_gloo_ranks():
     assert got[0][3][1] == got[1][3][1] >= 6
 
 
-@pytest.mark.parametrize("module", [hfbridge._finished, hfbridge._lockstep, hfbridge._routes],
+@pytest.mark.parametrize("module", [hfbridge._generate.finished, hfbridge._generate.lockstep, hfbridge._step.routes],
                          ids=lambda module: module.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

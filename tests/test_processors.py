@@ -10,7 +10,7 @@ from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LogitsPr
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler, build_processors, sample_step
-from hfbridge._hf import generation_option_names
+from hfbridge._hf.host import generation_option_names
 
 PROMPT = torch.tensor([[0, 0, 5, 6, 7, 5], [3, 4, 5, 6, 7, 8]])
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
@@ -242,7 +242,7 @@ def test_max_new_tokens_alone_gives_no_length_warning(caplog):
 
 
 def test_sampler_from_prepared_config_equals_sampler():
-    from hfbridge._processors import make_generation_config
+    from hfbridge._step.build_processors import make_generation_config
 
     config = make_generation_config(temperature=0.5, top_p=0.8, repetition_penalty=1.1)
     before = config.to_dict()

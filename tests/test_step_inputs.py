@@ -9,10 +9,11 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
-from hfbridge import Sampler, _step_inputs, build_processors
-from hfbridge._fast import fast_draw
-from hfbridge._processor_list import CheckedProcessorList
-from hfbridge._routes import accelerator_route, ids_outside
+from hfbridge import Sampler, build_processors
+from hfbridge._step import inputs as _step_inputs
+from hfbridge._step.fast.fast_path import fast_draw
+from hfbridge._step.processor_list import CheckedProcessorList
+from hfbridge._step.routes import accelerator_route, ids_outside
 
 V = 50
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers.generation import logits_process as hf
 
-from hfbridge import _top_p_sorted
-from hfbridge._top_p import float32, rounds_at_most, top_p_mask
-from hfbridge._top_p_sorted import top_p_mask_sorted
+from hfbridge._step.fast.top_p import sorted_mask as _top_p_sorted
+from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
+from hfbridge._step.fast.top_p.sorted_mask import top_p_mask_sorted
 
 NEG_INF = float("-inf")
 TOP_P = [0.0, 1e-6, 0.3, 0.9, 0.999999, 1.0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import html
 import math
 import re
@@ -313,14 +312,6 @@ def test_errors(make, kwargs, error, message):
     with pytest.raises(error) as info:
         explain_generation(make(), **kwargs)
     assert message in str(info.value)
-
-
-@pytest.mark.parametrize("module", ["_trace", "_html"])
-def test_doctests(module):
-    import importlib
-
-    failures, tried = doctest.testmod(importlib.import_module(f"hfbridge.{module}"), optionflags=doctest.ELLIPSIS)
-    assert failures == 0 and tried > 0
 
 
 @pytest.mark.parametrize("do_sample", [False, True])

@@ -1,0 +1,14 @@
+"""`generate`: the whole loop, HF's semantics, for any model.
+
+Entry points: `generate.generate` (the call), `args` (its checks), `strategies` (mode -> runner),
+`loop` (the one-token loop), `finished` (finished rows, one host read a step), `lockstep`
+(`synced_gpus`), `output` (HF's output objects), `transition_scores`; `hf_loops/` hosts HF's own
+beam and assisted loops.
+Imports: `hfbridge._step`, `hfbridge._models`, `hfbridge._hf`; never `_views`.
+
+>>> import torch
+>>> from hfbridge._generate.generate import generate
+>>> generate(lambda ids: torch.nn.functional.one_hot(ids % 3, 3).float(), torch.tensor([[0]]),
+...          max_new_tokens=3).tolist()
+[[0, 0, 0, 0]]
+"""

@@ -1,0 +1,201 @@
+"""The arguments of `generate`, checked before anything runs: each wrong one gets an error naming it.
+
+`checked_arguments` is step 1 of `generate` (`_generate.py`): the prompt and its mask, `**kwargs`
+split into generation options (fields of the installed `GenerationConfig`) and model inputs, with a
+did-you-mean hint for names neither knows, the streamer, the generator and the layout.
+
+>>> import torch
+>>> split_kwargs({"top_k": 5, "past_key_values": None})
+({'top_k': 5}, {'past_key_values': None})
+>>> check_input_ids(torch.tensor([1, 2, 3]))
+Traceback (most recent call last):
+...
+ValueError: `input_ids` must be (batch, seq), got shape (3,) (for one prompt, pass input_ids[None]).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from hfbridge._generate.loop import LoopOptions
+from hfbridge._generate.strategies import check_strategy, is_assisted, is_beam
+from hfbridge._hf.host import generation_option_names
+from hfbridge._models.adapters import ModelAdapter
+from hfbridge._step.layout import Layout
+from hfbridge._step.option_checks import check_flag, check_options, did_you_mean
+
+__all__ = ["check_config", "check_input_ids", "check_loop_options", "checked_arguments", "has_default_max_length",
+           "split_kwargs"]
+
+# `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
+_PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
+               "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn",
+               "assistant_model", "check_every", "synced_gpus")
+_HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
+
+
+def check_loop_options(loop: LoopOptions, config: GenerationConfig, assistant_model: Any) -> None:
+    """`check_every` belongs to hfbridge's own greedy/sampling loop, and `synced_gpus` to it and beam
+    search; HF's other loops run here without them, so asking for them there is refused rather than
+    silently ignored."""
+    if is_assisted(config, assistant_model):
+        strategy = "assisted / prompt-lookup decoding"
+    elif is_beam(config):
+        strategy = "beam search"
+    else:
+        return
+    if loop.check_every != 1:
+        raise ValueError(
+            f"`check_every`={loop.check_every} applies to greedy search and sampling; {strategy} runs HF's own "
+            "loop, which checks every step. Drop check_every."
+        )
+    if loop.synced and not is_beam(config):
+        raise ValueError(
+            f"`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge supports for greedy "
+            f"search, sampling and beam search, not yet for {strategy}; use one of those, or synced_gpus=False when "
+            "every rank makes the same number of model calls anyway."
+        )
+
+
+def check_input_ids(input_ids: Any) -> None:
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"`input_ids` must be a (batch, seq) tensor of token ids, got {type(input_ids).__name__}.")
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise TypeError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
+    if input_ids.ndim != 2:
+        hint = " (for one prompt, pass input_ids[None])" if input_ids.ndim == 1 else ""
+        raise ValueError(f"`input_ids` must be (batch, seq), got shape {tuple(input_ids.shape)}{hint}.")
+    if input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"`input_ids` of shape {tuple(input_ids.shape)} is empty; generate() needs at least one prompt "
+            "with at least one token (e.g. a BOS token)."
+        )
+    if bool((input_ids < 0).any()):
+        raise ValueError(f"`input_ids` hold a negative token id ({int(input_ids.min())}); token ids are >= 0.")
+
+
+def _checked_mask(attention_mask: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"`attention_mask` must be a tensor of 0/1, got {type(attention_mask).__name__}.")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}."
+        )
+    if attention_mask.device != input_ids.device:
+        raise ValueError(
+            f"`attention_mask` is on {attention_mask.device} but `input_ids` are on {input_ids.device}; "
+            "move one of them."
+        )
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("`attention_mask` must hold only 0 (padding) and 1 (token).")
+    empty = ~(attention_mask != 0).any(dim=-1)
+    if bool(empty.any()):
+        raise ValueError(
+            f"`attention_mask` row {int(empty.nonzero()[0, 0])} is all zeros: every prompt needs at least one token."
+        )
+    return attention_mask
+
+
+def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Generation options (fields of the installed `GenerationConfig`) and model inputs (the rest)."""
+    known = generation_option_names()
+    options = {name: value for name, value in kwargs.items() if name in known}
+    model_inputs = {name: value for name, value in kwargs.items() if name not in known}
+    for name in model_inputs:
+        if name in _HF_NAMES:
+            raise TypeError(f"generate() takes `{_HF_NAMES[name]}=` where HF's generate takes `{name}=`.")
+        if name == "assistant_tokenizer":
+            raise TypeError(
+                "generate() does not support `assistant_tokenizer` (HF's universal assisted decoding, a draft with "
+                "another tokenizer): the assistant must share the target's token ids."
+            )
+    return options, model_inputs
+
+
+def _did_you_mean(name: str) -> str:
+    return did_you_mean(name, [*generation_option_names(), *_PARAMETERS])
+
+
+def _check_lengths(options: dict[str, Any], generation_config: GenerationConfig | None) -> None:
+    value = options.get("max_new_tokens")
+    if value is None and generation_config is not None:
+        value = getattr(generation_config, "max_new_tokens", None)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"`max_new_tokens` must be an int >= 1, got {value!r}.")
+
+
+def has_default_max_length(options: dict[str, Any], generation_config: GenerationConfig | None) -> bool:
+    return options.get("max_length") is None and (generation_config is None or generation_config.max_length is None)
+
+
+def _check_streamer(streamer: Any) -> None:
+    if streamer is None:
+        return
+    if not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        raise TypeError(
+            f"`streamer` must have put(token_ids) and end() methods (a transformers streamer), "
+            f"got {type(streamer).__name__}."
+        )
+
+
+# Options HF's `generate` implements with more than logits processors: (is it set?, why it cannot work here).
+# (`guidance_scale` and `watermarking_config` are refused for the step and the loop alike in `_processors`.)
+_UNSUPPORTED = {
+    "penalty_alpha": (lambda value: value is not None and value > 0,
+                      "contrastive search re-ranks candidates with the model's hidden states. Transformers 5 moved "
+                      "it out of its core into the Hub repository transformers-community/contrastive-search"),
+    "token_healing": (lambda value: bool(value), "token healing re-tokenizes the prompt; heal it before the call"),
+}
+
+
+def check_config(config: GenerationConfig, tokenizer: Any, assistant_model: Any = None) -> None:
+    for name, (is_set, why) in _UNSUPPORTED.items():
+        value = getattr(config, name, None)
+        if is_set(value):
+            raise ValueError(f"generate() does not support `{name}`={value!r}: {why}.")
+    check_strategy(config, assistant_model)  # greedy, sampling, beams, assisted; the refused ones say why
+    if config.stop_strings is not None and tokenizer is None:
+        raise ValueError(
+            f"`stop_strings`={config.stop_strings!r} needs `tokenizer=`: HF's StopStringCriteria matches the "
+            "strings against the tokenizer's vocabulary. Pass the tokenizer that made `input_ids`."
+        )
+
+
+def checked_arguments(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any,
+                      streamer: Any, generator: Any, layout: Any, fast: Any, kwargs: dict[str, Any],
+                      ) -> tuple[torch.Tensor | None, dict[str, Any], dict[str, Any], Layout | None]:
+    """Check `generate`'s arguments; returns the mask, the generation options, the model inputs and the layout."""
+    check_input_ids(input_ids)
+    check_flag("fast", fast, optional=False)
+    device = input_ids.device
+    if attention_mask is not None:
+        attention_mask = _checked_mask(attention_mask, input_ids)
+    options, model_inputs = split_kwargs(kwargs)
+    check_options(options)  # types and ranges of the generation options, HF's checks follow
+    for name in model_inputs:
+        try:
+            adapter.check_inputs([name])
+        except TypeError as error:
+            raise TypeError(f"{error}{_did_you_mean(name)}") from None
+    _check_lengths(options, generation_config)
+    for name in ("output_attentions", "output_hidden_states"):
+        if options.get(name, getattr(generation_config, name, False)):
+            raise ValueError(
+                f"`{name}=True` needs the model's internals, which generate() does not see; collect them in your "
+                "model (e.g. with Hooks' update_state) instead."
+            )
+    _check_streamer(streamer)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+    if generator is not None and torch.device(generator.device).type != device.type:
+        raise ValueError(
+            f"`generator` is on {generator.device} but `input_ids` are on {device}; "
+            f"create it with torch.Generator(device={str(device)!r})."
+        )
+    if layout is not None and not isinstance(layout, Layout):
+        layout = Layout(layout)
+    return attention_mask, options, model_inputs, layout

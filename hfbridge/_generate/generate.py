@@ -1,0 +1,276 @@
+"""`generate`: HF's decoding loop (`GenerationMixin._sample`) for models that are just callables.
+
+One call of `generate`, in the order of HF's `generate`:
+1. check the arguments and split `**kwargs` into generation options and model inputs (`_generate_args.py`);
+2. merge the options into a `GenerationConfig` as HF does (`_prepare_generation_config`), with
+   lengths (`_prepare_generated_length`) and special tokens (`_prepare_special_tokens`) from HF;
+3. expand the prompt for `num_return_sequences`, put it in the streamer;
+4. build HF's stopping criteria and a fresh `Sampler` (HF's logits processors) for this call;
+5. loop (`_loop.py`): `forward` (the model adapter) -> last-position rows -> `process` -> `choose`
+   -> append (finished rows get `pad_token_id`) -> streamer -> stopping criteria, until every row
+   is finished (`_finished.py`: at most one host read per step; `_lockstep.py`: `synced_gpus`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, cast, overload
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
+
+from hfbridge._generate.args import check_loop_options
+from hfbridge._generate.call import decode, prepare, progress_bar
+from hfbridge._generate.hf_loops.assisted import generate_assisted
+from hfbridge._generate.hf_loops.beam import beam_search
+from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
+from hfbridge._generate.loop import LoopOptions, check_every_option
+from hfbridge._generate.strategies import is_assisted, is_beam
+from hfbridge._models.adapters import ModelAdapter, as_adapter
+from hfbridge._step.layout import LayoutLike
+from hfbridge._step.option_checks import check_flag
+
+
+# The return type follows `return_dict_in_generate`: a tensor by default, HF's output object with
+# `return_dict_in_generate=True`, either when a `generation_config` decides.
+@overload
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    return_dict_in_generate: Literal[False] = False,
+    **kwargs: Any,
+) -> torch.Tensor: ...
+
+
+@overload
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    return_dict_in_generate: Literal[True],
+    **kwargs: Any,
+) -> GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
+
+
+@overload
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    return_dict_in_generate: bool | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
+
+
+def generate(
+    model: Callable[..., Any] | ModelAdapter,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    processors: Iterable[Callable] | None = None,
+    stopping_criteria: Iterable[Callable] | None = None,
+    streamer: Any = None,
+    tokenizer: Any = None,
+    layout: LayoutLike = None,
+    vocab_size: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    fast: bool = False,
+    max_context: int | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
+    **kwargs: Any,
+) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput:
+    """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
+
+    For the same options and the same `torch.manual_seed`, the result is token for token what
+    `model.generate()` returns for an HF model called the same way (greedy, sampling, beam search and
+    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_beam.py`).
+
+    Args:
+        model: A plain callable `model(input_ids) -> logits` that recomputes the whole sequence
+            (wrapped in `Recompute`), or an adapter: `Recompute(model, max_context=N)`,
+            `InputPos(model)` (gpt-fast `model(idx, input_pos)`), `ReturnsCache(model)`
+            (`model(input_ids, cache) -> (logits, cache)`), `Hooks(model, prepare_inputs, update_state)`.
+        input_ids: The prompts, `(batch, seq)` integer token ids, left-padded when their lengths
+            differ. Never modified.
+        attention_mask: `(batch, seq)`, 1 for tokens and 0 for left padding. Default: inferred as
+            HF does (0 where `pad_token_id` appears, unless it equals `eos_token_id`), else all ones.
+        generation_config: A `transformers.GenerationConfig` to start from (never modified);
+            keyword options override it.
+        processors: Extra logits processors `(input_ids, scores) -> scores` (HF's
+            `logits_processor=`), merged with the ones the options create as HF merges them.
+            Stateful ones receive one call per new token and the full vocabulary.
+        stopping_criteria: Extra `StoppingCriteria` (HF's `stopping_criteria=`).
+        streamer: A `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`, any object with
+            `put`/`end`): receives the prompt first, then each step's tokens, as HF sends them.
+        tokenizer: Needed for `stop_strings` (HF's `StopStringCriteria`).
+        layout: The logits' layout when not `"b t v"`, e.g. `"t b v"`, `"b v"` (see `Sampler`).
+        vocab_size: The real vocabulary size when the model's output is padded (extra columns can
+            never be chosen).
+        generator: A `torch.Generator` for sampling; default: the global RNG, as HF.
+        progress: Show a `tqdm.auto` progress bar over the new tokens. Default: False.
+        fast: Sample with hfbridge's fused path (HF's distribution, not HF's random stream).
+        max_context: For a plain callable: feed at most the last `max_context` tokens
+            (same as passing `Recompute(model, max_context=...)`).
+        prefix_allowed_tokens_fn: HF's `prefix_allowed_tokens_fn(batch_id, input_ids) -> list[int]`,
+            called at every step for every row with its tokens so far `(seq,)`; only the returned
+            token ids stay possible (HF's `PrefixConstrainedLogitsProcessor`, where HF puts it).
+        assistant_model: A draft model for assisted (speculative) decoding, in any form `model`
+            takes; it must share the target's token ids. HF's `_assisted_decoding` then runs:
+            the draft proposes `num_assistant_tokens` tokens (options `num_assistant_tokens`,
+            `num_assistant_tokens_schedule`, `assistant_confidence_threshold`, which HF reads from
+            the assistant's generation config), the target checks them in one call. Greedy output is
+            the output without the assistant; sampling is HF's speculative sampling. One prompt.
+            `prompt_lookup_num_tokens=` drafts from the prompt instead, without a model.
+        check_every: Check for finished rows (eos, stopping criteria) every this many steps
+            instead of after every token. Each check reads one device value on the host (a sync
+            on a GPU); in between, finished rows get `pad_token_id` as usual, and the steps made
+            after the last row finished are cut off, so the tokens are the same for every value.
+            Costs up to `check_every - 1` extra model calls at the end (a `ReturnsCache` model's
+            returned cache then holds those positions too). With a streamer every step is checked.
+            Default: 1 (every step, as HF).
+        synced_gpus: Keep the ranks of `torch.distributed` in lockstep, as HF's `synced_gpus`
+            (needed under DeepSpeed ZeRO-3 or FSDP): a rank whose rows are finished keeps calling
+            its model until every rank is finished (greedy search, sampling and beam search).
+            Default None: HF's rule, on when ZeRO-3 is enabled or the model is FSDP-managed and the
+            process group has more than one rank.
+        **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
+            `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
+            `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
+            `output_logits`, ...). Any other name is a model input: it goes into the adapter's
+            state and to the model at every call (tensors with a leading batch axis are repeated
+            for `num_return_sequences`), and must be a parameter the model accepts.
+
+    Returns:
+        The sequences `(batch * num_return_sequences, prompt + new)`, prompt included, on the
+        device of `input_ids`; finished rows are filled with `pad_token_id`. With
+        `return_dict_in_generate=True`, HF's `GenerateDecoderOnlyOutput` with `sequences`, and
+        `scores` (processed) / `logits` (raw float32) per step when `output_scores` /
+        `output_logits` ask for them, and `past_key_values` for a `ReturnsCache` model. Beam search
+        returns `(batch * num_return_sequences, ...)` sequences, or HF's `GenerateBeamDecoderOnlyOutput`
+        (`sequences_scores`, `scores`, `logits`, `beam_indices`).
+
+    Runs under `torch.no_grad()`, as HF's `generate`.
+
+    Raises:
+        TypeError / ValueError: for bad arguments, before the first model call.
+        ValueError: when the model returns logits with the wrong number of rows or vocabulary
+            columns, or NaN; the message names the step (step 0 is the prompt's forward pass).
+        Exception: whatever the model raises, unchanged, with a note naming the step.
+
+    >>> import torch
+    >>> from hfbridge import generate
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> table = torch.randn(16, 16)                       # a bigram "model"
+    >>> def model(input_ids):                             # [B, T] -> [B, T, V]
+    ...     return table[input_ids]
+    >>> out = generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=5, do_sample=True, top_k=4)
+    >>> out.shape
+    torch.Size([1, 8])
+    """
+    with torch.no_grad():  # as HF's generate: no autograd graph grows over the steps
+        return _generate(model, input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                         processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
+                         tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator,
+                         progress=progress, fast=fast, max_context=max_context,
+                         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
+                         check_every=check_every, synced_gpus=synced_gpus, kwargs=kwargs)
+
+
+def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
+              stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
+              progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any, assistant_model: Any,
+              check_every: Any, synced_gpus: Any, kwargs: dict[str, Any]) -> torch.Tensor | GenerateDecoderOnlyOutput:
+    check_flag("progress", progress, optional=False)
+    adapter = as_adapter(model, max_context=max_context)
+    loop = LoopOptions(check_every=check_every_option(check_every),
+                       synced=resolve_synced_gpus(synced_gpus, adapter.model))
+    call = prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                    processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
+                    tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
+                    kwargs=kwargs)
+    check_loop_options(loop, call.config, assistant_model)
+    if is_assisted(call.config, assistant_model):  # HF's own assisted loop on the adapter (`_assisted.py`)
+        return generate_assisted(adapter, call, assistant_model=assistant_model, processors=processors,
+                                 streamer=streamer, layout=layout, vocab_size=vocab_size, generator=generator,
+                                 fast=fast, progress=progress)
+    bar = progress_bar(progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
+    if is_beam(call.config):  # HF's own beam loop on the adapter (`_beam.py`)
+        try:
+            return beam_search(adapter, input_ids=call.sequences, attention_mask=call.mask, state=call.state,
+                               config=call.config, sampler=call.sampler, criteria=call.criteria,
+                               prompts=call.prompts, on_step=None if bar is None else lambda: bar.update(1),
+                               synced=loop.synced)
+        finally:
+            if bar is not None:
+                bar.close()
+    try:
+        if streamer is not None:
+            streamer.put(call.sequences.cpu())  # the prompt first, as HF
+        decode(adapter, call, streamer, bar, loop)
+    except BaseException:
+        if streamer is not None:
+            streamer.end()  # so that a TextIteratorStreamer's reader stops instead of waiting forever
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if streamer is not None:
+        streamer.end()
+
+    if call.config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=cast(torch.LongTensor, call.sequences), scores=call.scores, logits=call.raw_logits,
+            attentions=None, hidden_states=None, past_key_values=adapter.cache(call.state),
+        )
+    return call.sequences

@@ -1,0 +1,252 @@
+"""The target and the draft model as HF's `_assisted_decoding` sees them.
+
+HF's assisted loop asks its model for little: `prepare_inputs_for_generation`, a call whose output
+has `.logits` for every position fed and a `.past_key_values` it can measure and `crop`, and
+`_update_model_kwargs_for_generation`. `TargetHost` is `LoopHost` (the host beam search runs on)
+with the two differences assisted decoding needs: a call returns the logits of all positions it
+fed (the draft tokens are checked in one call), and the cache HF sees can be cropped.
+
+HF's `AssistedCandidateGenerator` drafts by calling `assistant_model.generate(...)` and carrying
+its `past_key_values` from one call to the next. `DraftHost` is that assistant: its `generate` is
+hfbridge's own loop (`call.prepare` + `call.decode`, which equals HF's `_sample`) on the draft's adapter,
+resumed from the state the previous draft left and HF cropped, so the draft can be any model form.
+
+>>> import torch
+>>> from hfbridge import generate
+>>> table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+>>> target, draft = (lambda ids: table[ids]), (lambda ids: table[ids] + 0.5 * table[ids].flip(-1))
+>>> prompt = torch.tensor([[1, 2]])
+>>> torch.equal(generate(target, prompt, assistant_model=draft, max_new_tokens=6),
+...             generate(target, prompt, max_new_tokens=6))      # greedy: the target's tokens, whatever the draft
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+from einops import rearrange
+from transformers import GenerationConfig, LogitsProcessorList, PretrainedConfig
+from transformers.cache_utils import DynamicCache
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from hfbridge._generate.call import decode as _decode
+from hfbridge._generate.call import prepare as _prepare
+from hfbridge._generate.hf_loops.host import LoopHost
+from hfbridge._generate.loop import add_note, at_step, forward_and_update
+from hfbridge._hf.host import _TRANSFORMERS_MAJOR
+from hfbridge._models.adapters import ModelAdapter
+from hfbridge._step.layout import Layout
+from hfbridge._step.sampler import Sampler, extract_logits
+
+
+class Rollback(DynamicCache):
+    """A model's cache as HF's assisted loop sees it: its length and `crop`, delegated to `owner`.
+
+    `owner` (a `TargetHost` or a `DraftState`) has `fed`, the positions the model holds, and
+    `crop(length)`. HF only measures and crops this object; transformers 4.x checks
+    `isinstance(cache, DynamicCache)` first, hence the base class (whose own storage stays unused).
+    """
+
+    def __init__(self, owner: Any):
+        super().__init__()
+        self.owner = owner
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        return int(self.owner.fed)
+
+    def activate_past_recording(self) -> None:
+        """transformers 5 asks caches to keep sliding-window states for rollback; the adapter's crop decides."""
+
+    def crop(self, amount: int) -> None:
+        if _TRANSFORMERS_MAJOR >= 5:  # crop(tokens_to_remove <= 0)
+            length = self.owner.fed + amount
+        else:  # crop(max_length), or crop(-tokens_to_remove)
+            length = amount if amount >= 0 else self.owner.fed + amount
+        self.owner.crop(max(length, 0))
+
+
+def fed_logits(logits: torch.Tensor, *, layout: Any, vocab_size: int | None, rows: int, fed: int,
+               role: str) -> torch.Tensor:
+    """The logits of the last `fed` positions as float32 `(rows, fed, vocab)`, padded vocabulary dropped.
+
+    Raises `ValueError` for logits without a sequence axis, too few positions or rows, or NaN.
+    """
+    parsed = Layout.for_tensor(logits, layout)
+    parsed.check(logits)
+    where = f"the {role} model returned logits of shape {tuple(logits.shape)} (layout {parsed.pattern!r})"
+    if not parsed.has_seq or len(parsed.batch_axes) != 1:
+        raise ValueError(
+            f"{where}; assisted and prompt-lookup decoding check several tokens in one call, so they need one "
+            "batch axis and a sequence axis, e.g. 'b t v'."
+        )
+    full = rearrange(logits, f"{parsed.pattern} -> {parsed.batch_axes[0]} t v")  # [B, T, V]
+    if full.shape[0] != rows or full.shape[1] < fed:
+        raise ValueError(
+            f"{where}, expected {rows} row(s) and the logits of all {fed} positions fed in this call: assisted "
+            "and prompt-lookup decoding check several draft tokens at once (do not keep only the last position, "
+            "e.g. no logits_to_keep=1)."
+        )
+    full = full[:, full.shape[1] - fed:]  # [B, fed, V]
+    if vocab_size is not None:
+        if full.shape[-1] < vocab_size:
+            raise ValueError(f"{where}, fewer vocabulary columns than `vocab_size`={vocab_size}.")
+        full = full[..., :vocab_size]
+    if bool(torch.isnan(full).any()):
+        raise ValueError(f"{where}, which contain NaN; check the model's forward pass (overflow in fp16?).")
+    return full.float()
+
+
+def _fresh_config() -> PretrainedConfig:
+    config = PretrainedConfig()
+    config.is_encoder_decoder = False
+    return config
+
+
+class TargetHost(LoopHost):
+    """The target model as HF's `_assisted_decoding` sees it: a `LoopHost` whose calls return every
+    fed position's logits, with a cache HF can crop.
+
+    Args:
+        adapter: The target's adapter (its `start` already called: `state` is its state).
+        state: The adapter's state.
+        sampler: The call's `Sampler` (its layout and vocabulary size read the logits).
+        device: The device of `input_ids`.
+    """
+
+    def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, device: torch.device):
+        super().__init__(adapter, state, sampler, prompts=1, rows_per_prompt=1, rows_name="num_return_sequences",
+                         device=device)
+        self.config = _fresh_config()  # a private one: HF's prompt lookup reads `vocab_size` from it
+        self.cache_handle = cast(Any, Rollback(self))  # in place of LoopHost's, which only reorders
+        self.lookup: Any = None  # HF's prompt-lookup generator, when that is the strategy
+        self.draft: DraftHost | None = None  # the assistant, when a draft model is the strategy
+        self.do_sample = False
+
+    def crop(self, length: int) -> None:
+        """Forget every position from `length` on (the rejected draft tokens)."""
+        if length < self.fed:
+            self.state = self.adapter.crop(self.state, length)
+            self.fed = length
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 **ignored: Any) -> CausalLMOutputWithPast:
+        """One model call: the tokens the model has not seen in, `(1, fed, vocab)` float32 logits out."""
+        step, fed = self.step, input_ids.shape[1] - self.fed
+        self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
+            input_ids.shape)
+        outputs, self.state = forward_and_update(
+            self.adapter, input_ids, self.state, step,
+            f"{input_ids.shape[1]} tokens so far, {fed} of them fed in this call",
+            check=self.adapter.check_crop if step == 0 else None)
+        logits = at_step(step, lambda: fed_logits(
+            extract_logits(self.adapter.logits(outputs)), layout=self.sampler.layout,
+            vocab_size=self.sampler.vocab_size, rows=input_ids.shape[0], fed=fed, role="target"))
+        logits = logits.to(input_ids.device)  # [1, fed, V]
+        self._check_vocab(logits, input_ids, step)
+        self.fed = input_ids.shape[1]
+        self.step += 1
+        return CausalLMOutputWithPast(logits=logits, past_key_values=cast(Any, self.cache_handle))
+
+    def _check_vocab(self, logits: torch.Tensor, input_ids: torch.Tensor, step: int) -> None:
+        if self.vocab is None:
+            self.vocab = logits.shape[-1]
+            at_step(step, lambda: self.sampler.input_rows(input_ids, logits[:, -1]))  # prompt ids in the vocabulary
+        elif logits.shape[-1] != self.vocab:
+            raise ValueError(
+                f"generate(): at step {step} the model returned logits with {logits.shape[-1]} vocabulary columns, "
+                f"but {self.vocab} at step 0; the vocabulary size must stay the same."
+            )
+        if self.lookup is not None:
+            self.lookup.vocab_size = self.vocab
+        draft_vocab = None if self.draft is None else self.draft.vocab
+        if self.do_sample and draft_vocab is not None and draft_vocab != self.vocab:
+            raise ValueError(
+                f"generate(): the assistant's logits have {draft_vocab} vocabulary columns and the target's "
+                f"{self.vocab}; speculative sampling compares their distributions token by token, so both must "
+                "cover the same vocabulary (pass vocab_size= to drop padded columns)."
+            )
+
+    def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
+        generator: Any = GenerationMixin._get_candidate_generator(cast(Any, self), *args, **kwargs)  # HF's choice
+        if hasattr(generator, "num_output_tokens"):  # prompt lookup
+            self.lookup = generator
+            if getattr(generator, "eos_token_id", 0) is None:
+                # transformers 4.x's lookup fails on `isin(ids, None)`; no eos id matches nothing
+                generator.eos_token_id = torch.empty(0, dtype=torch.long, device=self.device)
+            if self.vocab is not None:
+                generator.vocab_size = self.vocab
+        return generator
+
+
+class DraftState:
+    """The draft model's state between two drafts, and how many positions it holds."""
+
+    def __init__(self, adapter: ModelAdapter, state: dict[str, Any]):
+        self.adapter, self.state = adapter, state
+        self.fed = 0
+
+    def crop(self, length: int) -> None:
+        if length < self.fed:
+            self.state = self.adapter.crop(self.state, length)
+            self.fed = length
+
+
+class DraftHost:
+    """The draft model as HF's `AssistedCandidateGenerator` sees it: a `generate` that is hfbridge's.
+
+    Args:
+        adapter: The draft's adapter.
+        device: The device of `input_ids`.
+        generation_config: Where HF reads the draft options (`num_assistant_tokens`, ...).
+        layout: The logits' layout, as for the target.
+        vocab_size: The real vocabulary when the logits are padded, as for the target.
+    """
+
+    def __init__(self, adapter: ModelAdapter, *, device: torch.device, generation_config: GenerationConfig,
+                 layout: Any, vocab_size: int | None):
+        self.adapter = adapter
+        self.device = device
+        self.generation_config = generation_config
+        self.config = _fresh_config()
+        self.layout, self.vocab_size = layout, vocab_size
+        self.vocab: int | None = None  # logits width, once it has drafted
+
+    def _supports_logits_to_keep(self) -> bool:
+        return False
+
+    def _supports_num_logits_to_keep(self) -> bool:
+        return False
+
+    def generate(self, input_ids: torch.Tensor, *, generation_config: GenerationConfig,
+                 logits_processor: Any = None, min_new_tokens: int | None = None, max_new_tokens: int | None = None,
+                 attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
+                 use_cache: Any = None, **model_inputs: Any) -> GenerateDecoderOnlyOutput:
+        """Draft up to `max_new_tokens` tokens after `input_ids` `(1, seq)`, as HF's `generate` would."""
+        options: dict[str, Any] = {"max_new_tokens": max_new_tokens, **model_inputs}
+        if min_new_tokens:
+            options["min_new_tokens"] = min_new_tokens
+        call = _prepare(self.adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                        processors=LogitsProcessorList(logits_processor or []), stopping_criteria=None,
+                        streamer=None, tokenizer=None, layout=self.layout, vocab_size=self.vocab_size,
+                        generator=None, fast=False, kwargs=options)
+        if isinstance(past_key_values, Rollback):  # resume where the last draft stopped (HF cropped it)
+            draft = past_key_values.owner
+            call.state = draft.state
+        else:
+            draft = DraftState(self.adapter, call.state)
+        try:
+            _decode(self.adapter, call, None, None)
+        except Exception as error:
+            add_note(error, f"hfbridge.generate: raised while the assistant model drafted after "
+                             f"{input_ids.shape[1]} tokens.")
+            raise
+        if call.scores:
+            self.vocab = call.scores[0].shape[-1]
+        draft.state = call.state
+        draft.fed = call.sequences.shape[1] - 1  # the last drafted token was never fed
+        return GenerateDecoderOnlyOutput(sequences=cast(torch.LongTensor, call.sequences), scores=call.scores,
+                                         logits=None, attentions=None, hidden_states=None,
+                                         past_key_values=Rollback(draft))

@@ -1,0 +1,286 @@
+"""Step 5 of `generate`: the decoding loop of HF's `_sample`, with at most one host read per step.
+
+Each step: call the model (its adapter) -> the last position's logits as `(rows, vocab)`, a view
+of the model's output -> processors and token choice on one float32 copy (none for plain greedy)
+-> finished rows get `pad_token_id` -> append -> stopping criteria. Nothing in a step reads a
+device value on the host, except `torch.multinomial`'s own check in exact sampling and a
+streamer's tokens: the validity of each row (NaN, nothing left to choose) and the finished rows
+are flags on the device that `FinishedRows` reads together, once every `check_every` steps.
+
+Reading the finished rows every fourth step changes no token (rows that finished meanwhile get
+padding, as they would have):
+
+>>> import torch
+>>> from hfbridge import generate
+>>> table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+>>> prompts, options = torch.tensor([[1, 2], [3, 4]]), dict(max_new_tokens=6, eos_token_id=5, pad_token_id=0)
+>>> torch.equal(generate(lambda ids: table[ids], prompts, check_every=4, **options),
+...             generate(lambda ids: table[ids], prompts, **options))
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import StoppingCriteriaList
+
+from hfbridge._generate.finished import FinishedRows, InvalidRows
+from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
+from hfbridge._step.processor_list import BadProcessorOutput
+from hfbridge._step.routes import greedy_choice
+from hfbridge._step.sampler import Sampler, extract_logits
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hfbridge._generate.call import Call as _Call
+
+_NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    """How the loop checks for finished rows.
+
+    Attributes:
+        check_every: Read the finished and validity flags every this many steps (1: every step,
+            as HF). Rows that finish meanwhile get `pad_token_id` as they would anyway, and the
+            steps decoded after the last row finished are cut off: the tokens are the same for
+            every value; only up to `check_every - 1` extra model calls are made at the end.
+        synced: Keep this rank in lockstep with the other ranks of `torch.distributed`.
+    """
+
+    check_every: int = 1
+    synced: bool = False
+
+
+def check_every_option(value: Any) -> int:
+    """`check_every` checked: an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`check_every` must be an int >= 1 (steps between checks for finished rows), "
+                        f"got {type(value).__name__} {value!r}.")
+    if value < 1:
+        raise ValueError(f"`check_every` must be >= 1 (1 checks after every token, as HF), got {value}.")
+    return value
+
+
+def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options: LoopOptions) -> None:
+    """The loop of HF's `_sample`: one model call and one token per row per step, in place on `call`."""
+    sampler, device = call.sampler, call.sequences.device
+    rows_expected = call.sequences.shape[0]
+    pad_token = call.config._pad_token_tensor
+    pads_finished_rows = pads_finished(call.criteria)
+    use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
+    # plain greedy: HF's argmax straight on the model's logits, no copy
+    plain_greedy = not (sampler.processors or sampler.do_sample) and call.scores is None and call.raw_logits is None
+    finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
+                            synced=options.synced)
+    # the step's logits are still at hand when its flags are read at the same step
+    explain_now = options.check_every == 1 or options.synced or streamer is not None
+    new_column = call.mask.new_ones((rows_expected, 1))  # [N, 1]
+    vocab = None
+    step = 0
+    while True:
+        call.state["attention_mask"] = call.mask
+        outputs = _call_model(adapter, call, step)
+        if finished.rank_done:
+            # synced_gpus: this rank is finished but another is not. Its model was called (the
+            # collectives inside need every rank); feed the last token again next time, as HF does.
+            del outputs
+            call.sequences = torch.cat([call.sequences, call.sequences[:, -1:]], dim=-1)
+            call.mask = torch.cat([call.mask, new_column], dim=-1)
+            if finished.read():
+                break
+            continue
+        view = _rows(sampler, adapter.logits(outputs), step, rows_expected, call.prompts, call.expand)  # [N, V]
+        if view.device != device:
+            view = view.to(device)  # HF moves the logits to the device of input_ids
+        if vocab is None:
+            vocab = view.shape[1]
+            at_step(step, lambda: sampler.input_rows(call.sequences, view))  # prompt ids within the vocabulary
+        elif view.shape[1] != vocab:
+            raise ValueError(
+                f"generate(): at step {step} the model returned logits with {view.shape[1]} vocabulary columns, "
+                f"but {vocab} at step 0; the vocabulary size must stay the same."
+            )
+        if plain_greedy:
+            tokens, best = greedy_choice(view)  # [N], [N]: the best score is the validity check
+            finished.note_invalid(step, best, _explain_greedy(sampler, best, view, view) if explain_now else None)
+        else:
+            tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
+        del outputs, view
+        if pads_finished_rows:
+            # finished sentences get the padding token, as HF's `_sample` (`where` gives the same ids)
+            assert pad_token is not None  # `_prepare` refuses an eos criterion without a pad token
+            tokens = torch.where(finished.unfinished, tokens, pad_token)
+        call.sequences = torch.cat([call.sequences, tokens[:, None]], dim=-1)  # [N, T + 1]
+        call.mask = torch.cat([call.mask, new_column], dim=-1)
+        if streamer is not None:
+            streamer.put(tokens.cpu())
+        if bar is not None:
+            bar.update(1)
+        try:
+            # a streamer has waited for the tokens anyway: check every step so that it never sees more
+            stop = finished.after_step(call.sequences, call.scores, step=step, force_read=streamer is not None)
+        except InvalidRows as bad:
+            raise _invalid_error(bad, sampler, rows_expected) from None
+        step += 1
+        if stop:
+            break
+    _cut(call, finished.finish_length)
+
+
+def pads_finished(criteria: StoppingCriteriaList) -> bool:
+    """HF's `has_eos_stopping_criteria`: finished rows get the pad token only when a criterion knows eos."""
+    return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
+
+
+def _cut(call: _Call, length: int | None) -> None:
+    """Drop the steps decoded after every row had finished (`check_every`, `synced_gpus`)."""
+    extra = call.sequences.shape[1] - length if length is not None else 0
+    if extra <= 0:
+        return
+    call.sequences = call.sequences[:, :length].contiguous()
+    call.mask = call.mask[:, :length]
+    if call.scores is not None:
+        call.scores = call.scores[: len(call.scores) - extra]
+    if call.raw_logits is not None:
+        call.raw_logits = call.raw_logits[: len(call.raw_logits) - extra]
+
+
+def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
+    """The model call (and the adapter's state update); its exceptions get the step as a note."""
+    outputs, call.state = forward_and_update(adapter, call.sequences, call.state, step, _Progress(call, step))
+    return outputs
+
+
+class _Progress:
+    """The note's `context` for a failing model call, written only if it fails."""
+
+    __slots__ = ("length", "step")
+
+    def __init__(self, call: _Call, step: int):
+        self.length, self.step = call.sequences.shape[1], step
+
+    def __str__(self) -> str:
+        return f"{self.length} tokens so far, {self.step} generated"
+
+
+def forward_and_update(adapter: ModelAdapter, input_ids: torch.Tensor, state: dict[str, Any], step: int,
+                       context: object, check: Callable[[dict[str, Any]], None] | None = None
+                       ) -> tuple[Any, dict[str, Any]]:
+    """One model call through `adapter` and its state update, for every loop (hfbridge's and HF's on a host).
+
+    An `AdapterTypeError` becomes a `TypeError` naming the step; anything else the model, the adapter
+    or `check` (run on the new state) raises propagates with a note naming the step and `context`
+    (a string, or an object whose `str` is written only then).
+    """
+    try:
+        outputs = adapter.forward(input_ids, state)
+        state = adapter.update(outputs, input_ids, state)
+        if check is not None:
+            check(state)
+    except AdapterTypeError as error:
+        raise TypeError(f"generate(): at step {step}: {error}") from None
+    except Exception as error:
+        add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; {context}).")
+        raise
+    return outputs, state
+
+
+def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fast: bool,
+            finished: FinishedRows, explain_now: bool) -> torch.Tensor:
+    """Processors then token choice, without a host read; a processor's own exception gets the step as a note.
+
+    `view` is the model's last-position logits `(rows, vocab)`: read, never written. The validity
+    of each row goes to `finished`, which checks it at its next read.
+    """
+    try:
+        if use_fast:
+            if call.raw_logits is not None:
+                call.raw_logits += (_float_copy(view),)
+            # check=False: the fast path's `invalid_rows` flag joins this step's one host read
+            tokens = sampler.next_tokens(call.sequences, view, check=False)  # its own float32 copy
+            flag = sampler.invalid_rows  # [N] bool on the device
+            assert flag is not None  # set by every fast next_tokens call
+            finished.note_invalid(step, flag, (lambda: sampler.check_rows(True)) if explain_now else None)
+            return tokens
+        scores = _float_copy(view)  # [N, V]: the processors may write into it
+        if call.raw_logits is not None:
+            call.raw_logits += (scores,)  # HF keeps the very tensor its processors receive
+        scores = sampler.process(call.sequences, scores)
+    except BadProcessorOutput as error:
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        raise kind(f"generate(): at step {step}: {error}") from None
+    except Exception as error:
+        add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
+        raise
+    if call.scores is not None:
+        call.scores += (scores,)
+    if sampler.do_sample:
+        return at_step(step, lambda: sampler.choose(scores, raw=view))  # torch.multinomial checks its input
+    tokens, best = greedy_choice(scores)  # [N], [N]: the best score is the validity check too
+    finished.note_invalid(step, best, _explain_greedy(sampler, best, view, scores) if explain_now else None)
+    return tokens
+
+
+def _explain_greedy(sampler: Sampler, best: torch.Tensor, raw: torch.Tensor,
+                    scores: torch.Tensor) -> Callable[[], None]:
+    """Raise exact mode's error for the rows whose best score is NaN or -inf (the error path)."""
+    return lambda: sampler._raise_bad_rows(~(best > _NEG_INF), raw, scores)
+
+
+def _float_copy(rows: torch.Tensor) -> torch.Tensor:
+    return rows.to(dtype=torch.float32, copy=True)
+
+
+def _invalid_error(bad: InvalidRows, sampler: Sampler, rows: int) -> ValueError:
+    """The error for a row with nothing to choose, naming the step and the row."""
+    if bad.explain is not None:
+        try:
+            bad.explain()
+        except ValueError as error:
+            return ValueError(f"generate(): at step {bad.step}: {error}")
+    what = "NaN" if bad.nan else "-inf for every token"
+    names = [type(p).__name__ for p in sampler.processors]
+    return ValueError(
+        f"generate(): at step {bad.step}: row {bad.row} has nothing left to choose ({bad.rows} of {rows} rows): "
+        f"its scores after the logits processors {names} are {what}. Check the model's forward pass for NaN "
+        "(overflow in fp16?), or relax options that remove tokens (`bad_words_ids`, `suppress_tokens`, `min_p`)."
+    )
+
+
+def add_note(error: BaseException, note: str) -> None:
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: keep the note where 3.11 would put it
+        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
+def at_step(step: int, action: Callable[[], Any]) -> Any:
+    """Run `action`; a `ValueError`/`TypeError` of hfbridge's checks gets the step number in front."""
+    try:
+        return action()
+    except (ValueError, TypeError) as error:
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        raise kind(f"generate(): at step {step}: {error}") from None
+
+
+def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, expand: int) -> torch.Tensor:
+    """The last position's logits `(rows, vocab)`, a view of the model's output, with the row count checked."""
+    try:
+        logits = extract_logits(output)
+        rows = sampler.last_rows(logits)
+    except (ValueError, TypeError) as error:  # as `at_step`, without a closure per step
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        raise kind(f"generate(): at step {step}: {error}") from None
+    if rows.shape[0] != expected:
+        layout = sampler.layout_of(logits).pattern
+        raise ValueError(
+            f"generate(): at step {step} the model returned logits of shape {tuple(logits.shape)} (layout "
+            f"{layout!r}), which give {rows.shape[0]} rows, expected {expected}: one per sequence "
+            f"({batch} prompts x num_return_sequences={expand})."
+        )
+    return rows

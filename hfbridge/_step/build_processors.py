@@ -1,0 +1,321 @@
+"""Generation options -> HF's own `GenerationConfig`, `LogitsProcessorList` and stopping criteria.
+
+Nothing here re-implements transformers: options are merged with HF's defaults by HF's
+`_prepare_generation_config`, and the processor list is built by HF's `_get_logits_processor`,
+both run on a stand-in host (`hfbridge._hf.host.ProcessorHost`). What hfbridge adds is checking the
+options up front, with messages that say what to change.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
+from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_options, did_you_mean
+from hfbridge._step.processor_list import CheckedProcessorList
+
+# Options that turn sampling on when `do_sample` is left to hfbridge (HF's warpers).
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
+
+# Options that become a logits processor (or decide its parameters) in HF's `_get_logits_processor`.
+_PROCESSOR_OPTIONS = (
+    "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "min_length",
+    "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens",
+    "begin_suppress_tokens", "exponential_decay_length_penalty", "remove_invalid_values",
+    "renormalize_logits", "eos_token_id", "pad_token_id", "bos_token_id", "max_length",
+    "max_new_tokens", "do_sample",
+) + SAMPLING_OPTIONS
+
+# Options whose processor depends on how long the prompt was.
+_NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")
+
+
+@functools.cache
+def step_option_names() -> frozenset[str]:
+    """The generation options `sample_step` accepts on the installed transformers.
+
+    >>> {"temperature", "repetition_penalty"} <= step_option_names()
+    True
+    """
+    return frozenset(_PROCESSOR_OPTIONS) & generation_option_names()
+
+
+def check_option_names(options: Iterable[str], accepted: frozenset[str], *, caller: str) -> None:
+    """Raise `TypeError` for an option `caller` does not take, with a did-you-mean suggestion."""
+    known = generation_option_names()
+    for name in options:
+        if name in accepted:
+            continue
+        if name in known:
+            raise TypeError(
+                f"{caller}() does not use the generation option `{name}`: it chooses one token per row "
+                f"(greedy or sampling) with logits processors. Options it takes: {', '.join(sorted(accepted))}."
+            )
+        raise TypeError(f"{caller}() got an unexpected option `{name}`.{did_you_mean(name, accepted)}")
+
+
+def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfig | None,
+                      options: Mapping[str, Any]) -> bool:
+    """Decide greedy or sampling.
+
+    An explicit `do_sample` wins; otherwise any sampling option passed as a keyword
+    (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`, `eta_cutoff`, `top_h`)
+    means sampling; otherwise the `generation_config`'s own `do_sample`; otherwise greedy.
+
+    >>> resolve_do_sample(None, None, {"top_p": 0.9}), resolve_do_sample(None, None, {})
+    (True, False)
+    """
+    if do_sample is not None:
+        return bool(do_sample)
+    if any(options.get(name) is not None for name in SAMPLING_OPTIONS):
+        return True
+    if generation_config is not None and generation_config.do_sample is not None:
+        return bool(generation_config.do_sample)
+    return False
+
+
+def make_generation_config(
+    generation_config: GenerationConfig | None = None,
+    *,
+    do_sample: bool | None = None,
+    prompt_length: int | None = None,
+    accepted: frozenset[str] | None = None,
+    caller: str = "sample_step",
+    **options: Any,
+) -> GenerationConfig:
+    """A validated copy of `generation_config` with `options` applied, as HF's `generate` makes it.
+
+    HF's defaults for the installed version are filled in (for example `top_k=50` when sampling,
+    as `model.generate` does). The caller's config is never modified.
+
+    >>> make_generation_config(temperature=0.7).do_sample
+    True
+    """
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise TypeError(
+            f"`generation_config` must be a transformers.GenerationConfig, got {type(generation_config).__name__}."
+        )
+    check_option_names(options, step_option_names() if accepted is None else accepted, caller=caller)
+    check_flag("do_sample", do_sample)
+    if prompt_length is not None and not (isinstance(prompt_length, int) and not isinstance(prompt_length, bool)):
+        raise TypeError(f"`prompt_length` must be an int (the prompt's length in tokens), got "
+                        f"{type(prompt_length).__name__} {prompt_length!r}.")
+    check_options(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
+    if generation_config is not None:
+        try:
+            check_options({name: getattr(generation_config, name, None) for name in CHECKED_OPTIONS})
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{str(error).rstrip('.')} (in `generation_config`).") from None
+    sample = resolve_do_sample(do_sample, generation_config, options)
+    if generation_config is None or generation_config.do_sample != sample:
+        options = {**options, "do_sample": sample}
+    host = ProcessorHost()
+    config, unused = host.prepare_config(generation_config, **options)
+    if unused:  # pragma: no cover - names were checked above
+        raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
+    config.validate()
+    _check_values(config)
+    _refuse_model_bound_options(config, caller)
+    if accepted is None:
+        _refuse_other_strategies(config, generation_config, caller)
+    needing = [name for name in _NEEDS_PROMPT_LENGTH if getattr(config, name, None) is not None]
+    if prompt_length is None and needing:
+        raise ValueError(
+            f"`{needing[0]}` depends on how many tokens the prompt had: pass `prompt_length=` "
+            f"(the prompt's length in tokens, without the generated ones)."
+        )
+    if prompt_length is not None:
+        if not isinstance(prompt_length, int) or prompt_length < 0:
+            raise ValueError(f"`prompt_length` must be a non-negative int, got {prompt_length!r}.")
+        prepare_lengths(host, config, user_config=generation_config, options=options, prompt_length=prompt_length)
+    return config
+
+
+# option -> (HF class whose constructor validates it, the value meaning "off", applies only when sampling)
+_VALIDATORS = {
+    "repetition_penalty": ("RepetitionPenaltyLogitsProcessor", 1.0, False),
+    "no_repeat_ngram_size": ("NoRepeatNGramLogitsProcessor", 0, False),
+    "temperature": ("TemperatureLogitsWarper", 1.0, True),
+    "top_k": ("TopKLogitsWarper", 0, True),
+    "top_p": ("TopPLogitsWarper", 1.0, True),
+    "min_p": ("MinPLogitsWarper", None, True),
+    "typical_p": ("TypicalLogitsWarper", 1.0, True),
+    "epsilon_cutoff": ("EpsilonLogitsWarper", 0.0, True),
+    "eta_cutoff": ("EtaLogitsWarper", 0.0, True),
+    "top_h": ("TopHLogitsWarper", None, True),
+}
+
+
+def _check_values(config: GenerationConfig) -> None:
+    """Run HF's own range checks on every option, including values HF would silently ignore (`top_p=1.5`)."""
+    from transformers.generation import logits_process
+
+    for name, (class_name, off, sampling_only) in _VALIDATORS.items():
+        value = getattr(config, name, None)
+        if value is None or value == off or (sampling_only and not config.do_sample):
+            continue
+        processor_class = getattr(logits_process, class_name, None)
+        if processor_class is None:
+            continue
+        try:
+            processor_class(value)
+        except ValueError as error:
+            raise ValueError(f"`{name}`={value!r} is out of range: {error}") from None
+
+
+def _refuse_model_bound_options(config: GenerationConfig, caller: str) -> None:
+    """Options whose HF processor needs the model itself (or its config), which hfbridge never has."""
+    if getattr(config, "guidance_scale", None) not in (None, 1, 1.0):
+        raise ValueError(
+            f"{caller}() cannot apply `guidance_scale`={config.guidance_scale}: HF's classifier-free guidance "
+            "calls the model a second time itself. Compute the unconditional logits in your loop and pass a "
+            "processor that mixes them via `processors=`."
+        )
+    if getattr(config, "watermarking_config", None) is not None:
+        raise ValueError(
+            f"{caller}() cannot build a watermarking processor from `watermarking_config` (HF builds it from "
+            "the model's config); construct it yourself, e.g. "
+            "`config.construct_processor(vocab_size, device)`, and pass it via `processors=`."
+        )
+
+
+def _refuse_other_strategies(config: GenerationConfig, user_config: GenerationConfig | None, caller: str) -> None:
+    """A `generation_config` that selects beam search (or another strategy) is refused like the keyword.
+
+    The step chooses one token per row; HF's warpers built for `num_beams=4` keep at least two
+    tokens each, so accepting such a config would silently change the distribution.
+    """
+    mode = config.get_generation_mode()
+    mode_name = getattr(mode, "value", str(mode))
+    if mode_name in ("greedy_search", "sample"):
+        return
+    culprit = next((name for name, is_set in _STRATEGY_OPTIONS.items() if is_set(getattr(config, name, None))), None)
+    where = " (set in `generation_config`)" if user_config is not None else ""
+    if culprit is not None:
+        raise TypeError(
+            f"{caller}() does not use the generation option `{culprit}`={getattr(config, culprit)!r}{where}: it "
+            f"chooses one token per row (greedy or sampling) with logits processors, and these options select "
+            f"{mode_name.replace('_', ' ')}. Set `{culprit}` back to its default for the step."
+        )
+    raise TypeError(f"{caller}() chooses one token per row (greedy or sampling); the options{where} select "
+                    f"{mode_name.replace('_', ' ')}.")
+
+
+# Options that select a decoding strategy other than greedy or sampling (HF's `get_generation_mode`),
+# with the test for "set".
+_STRATEGY_OPTIONS: dict[str, Callable[[Any], bool]] = {
+    "num_beams": lambda value: value is not None and value > 1,
+    "num_beam_groups": lambda value: value is not None and value > 1,
+    "diversity_penalty": lambda value: value is not None and value > 0,
+    "penalty_alpha": lambda value: value is not None and value > 0,
+    "constraints": lambda value: value is not None,
+    "force_words_ids": lambda value: value is not None,
+    "dola_layers": lambda value: value is not None,
+    "assistant_early_exit": lambda value: value is not None,
+    "prompt_lookup_num_tokens": lambda value: value is not None,
+}
+
+
+def build_processors(
+    generation_config: GenerationConfig | None = None,
+    *,
+    processors: Iterable[Callable] | None = None,
+    prompt_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+    do_sample: bool | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    **generation_kwargs: Any,
+) -> LogitsProcessorList:
+    """The `LogitsProcessorList` HF's `generate` would build for these options, in HF's order.
+
+    Args:
+        generation_config: A `GenerationConfig` to start from (not modified). Default: HF's defaults.
+        processors: Your own processors (any `(input_ids, scores) -> scores` callables), merged
+            as `generate` merges `logits_processor=`: one of the same class as a built one replaces
+            it in place, the others run after the built non-sampling processors.
+        prompt_length: Number of prompt tokens; needed by `min_new_tokens`, `max_new_tokens`,
+            `exponential_decay_length_penalty` and `begin_suppress_tokens`.
+        attention_mask: `(batch, seq)` prompt mask; transformers versions that support it use it
+            to keep repetition penalty off left padding.
+        device: Device for the tensors processors hold (eos ids). Default: CPU.
+        do_sample: Greedy or sampling; `None` decides as `sample_step` documents.
+        prefix_allowed_tokens_fn: HF's `prefix_allowed_tokens_fn(batch_id, input_ids) -> list[int]`:
+            the tokens allowed after the row's tokens `input_ids` `(seq,)`; HF's
+            `PrefixConstrainedLogitsProcessor` masks every other token (lm-format-enforcer's entry point).
+        **generation_kwargs: `GenerationConfig` options (`temperature`, `top_p`, `repetition_penalty`, ...).
+
+    >>> [type(p).__name__ for p in build_processors(temperature=0.7, top_p=0.9)]
+    ['TemperatureLogitsWarper', 'TopKLogitsWarper', 'TopPLogitsWarper']
+    """
+    config = make_generation_config(
+        generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
+    )
+    return processors_for_config(config, processors=processors, prompt_length=prompt_length,
+                                 attention_mask=attention_mask, device=device,
+                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+
+def processors_for_config(
+    config: GenerationConfig,
+    *,
+    processors: Iterable[Callable] | None = None,
+    prompt_length: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+    prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+) -> LogitsProcessorList:
+    """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`),
+    as a `CheckedProcessorList` (each processor's output is checked when the list is called).
+
+    Sets the config's private special-token tensors (`_eos_token_tensor`, ...) as `generate` does.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    check_prefix_allowed_tokens_fn(prefix_allowed_tokens_fn)
+    user = _as_processor_list(processors)
+    host = ProcessorHost(device=device)
+    # None, not False, for "no mask": HF then skips its padding warnings, which are `generate`'s to give.
+    host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
+    built = host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
+                                  attention_mask=attention_mask, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    return CheckedProcessorList(built)  # HF's items in HF's order; each output is checked when called
+
+
+def check_prefix_allowed_tokens_fn(function: Any) -> None:
+    """Raise `TypeError` unless `function` is None or callable as HF calls it."""
+    if function is not None and not callable(function):
+        raise TypeError(
+            "`prefix_allowed_tokens_fn` must be callable as prefix_allowed_tokens_fn(batch_id, input_ids) -> "
+            f"list of allowed token ids, got {type(function).__name__}."
+        )
+
+
+def _as_processor_list(processors: Iterable[Callable] | None) -> LogitsProcessorList:
+    return callable_list(processors, LogitsProcessorList, name="processors",
+                         contract="(input_ids, scores) -> scores")
+
+
+_L = TypeVar("_L", bound=list)
+
+
+def callable_list(items: Iterable[Callable] | Callable | None, list_type: type[_L], *, name: str, contract: str) -> _L:
+    """`items` (one callable, an iterable of them, or None) as a `list_type`, each item checked.
+
+    >>> len(callable_list([len, abs], list, name="processors", contract="x -> y"))
+    2
+    """
+    result = list_type()
+    if items is None:
+        return result
+    if callable(items) and not isinstance(items, (list, tuple)):
+        items = [items]
+    for index, item in enumerate(items):
+        if not callable(item):
+            raise TypeError(f"`{name}[{index}]` must be callable as {contract}, got {type(item).__name__}.")
+        result.append(item)
+    return result

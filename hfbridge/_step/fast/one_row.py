@@ -1,0 +1,181 @@
+"""HF's top-p cut for a single row on CPU, from one histogram of the probabilities' exponents.
+
+With one row (batch 1, the common case of local generation) the data is small (a 32000-token
+row is 128 KB) and the fixed cost of each torch op (5-10 µs on CPU) sets the time, not the
+data. So this route works on NumPy views of the row (no copy) and finds the cut in a few passes:
+
+1. The float32 probabilities' exponent bits put every token in a binade, `[2**e, 2**(e+1))`;
+   one probability-weighted `bincount` gives each binade's mass, summed in float64 as HF's
+   `cumsum` accumulates on CPU.
+2. HF removes a token when the mass at or below it (in ascending score order) rounds to float32
+   `<= 1 - top_p`. Probabilities order like scores, so the mass of the binades under `e` is what
+   the running sum holds just under binade `e`'s lowest token. In the highest binade `e` whose
+   mass below is removed that way lies the cut: every token under it is removed, and every token
+   above it is kept (the running sum under binade `e + 1` is not removed).
+3. The tokens of those binades (a few hundred on real logits) are compacted once, sorted by score
+   (stable: equal scores by token id, as the other routes order them), and the count is taken
+   with the mass below them as the start of the running sum (`top_p_count`'s arithmetic).
+4. When more than `MAX_SORTED` tokens are that high (flat rows, high temperatures), the next 8
+   bits split binade `e` into 256 buckets the same way; only the bucket of the cut is sorted,
+   and the kept tokens come back as a mask (everything above the bucket, the bucket's best).
+
+Successive steps look alike, so with a memo the histogram is skipped: the tokens from one binade
+under the last step's cut are compacted at once, and kept when the mass under them (the row's
+float64 total less theirs) is all removed, which proves that they hold the cut.
+
+The route declines (returns None) for a row with no distribution (NaN or `+inf` scores, or
+nothing above `-inf`), a bucket too large to sort, or a `min_tokens_to_keep` beyond the kept
+tokens: the general routes then handle the row.
+
+>>> scores = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+>>> ids, cand, keep = one_row_top_p(scores, torch.softmax(scores, -1), 0.7, 1)
+>>> ids.tolist(), cand.tolist(), keep.tolist()
+([[0, 1]], [[2.0, 1.0]], [[True, True]])
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from hfbridge._step.fast.draw import host_view
+from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
+
+__all__ = ["MAX_SORTED", "one_row_kept", "one_row_top_p"]
+
+MAX_SORTED = 4096  # tokens sorted at most; a row with more at the cut goes to the general routes
+_EXPONENT_SHIFT = 23  # float32: 23 mantissa bits below the exponent field
+_SUB_SHIFT = 15  # the next 8 bits split a binade into 256 buckets
+_BINS = 256
+_MEMO_KEY = "one_row_bound"  # the bit pattern tried first: one binade under the last step's cut
+
+
+def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
+                  memo: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor | None:
+    """The tokens HF's `TopPLogitsWarper(top_p, at_least)` keeps in a one-row CPU batch; None to decline.
+
+    Args:
+        scores: `(1, vocab)` float32 scores, temperature applied, on CPU.
+        probs: `(1, vocab)` their softmax (`torch.softmax`, HF's probabilities).
+        top_p, at_least: `TopPLogitsWarper`'s `top_p` and `min_tokens_to_keep`.
+        memo: A dict kept between steps. Successive steps look alike, so the tokens from one binade
+            under the last step's cut are tried first; the histogram runs only when the mass under
+            them is not all removed. Default: none (the histogram at once).
+
+    Returns:
+        When at most `MAX_SORTED` tokens are kept, `(ids, cand, keep)`, each `(1, K)`: the kept
+        token ids, their scores in descending order (equal scores by ascending id) and an
+        all-True mask, as `top_p_candidates` returns them. Otherwise the `(1, vocab)` bool mask of
+        the kept tokens. None for a row without a distribution, or when more than `MAX_SORTED`
+        tokens share the bucket of the cut, or `at_least` reaches past the kept tokens.
+    """
+    found = one_row_kept(scores, probs, top_p, at_least, memo)
+    if not isinstance(found, tuple):
+        return found
+    ids, cand = found
+    return (torch.from_numpy(ids[None]), torch.from_numpy(cand[None]),
+            torch.from_numpy(np.ones((1, ids.shape[0]), dtype=np.bool_)))
+
+
+def one_row_kept(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
+                 memo: dict | None = None) -> tuple[np.ndarray, np.ndarray] | torch.Tensor | None:
+    """`one_row_top_p` with the kept tokens as NumPy arrays, `(ids, scores)` each `(K,)`, best first
+    (every one kept): the one-row draw reads them as they are, and tensors are made only when
+    something else reads the candidates (`_fast.py`). The mask and None as `one_row_top_p`."""
+    memo = {} if memo is None else memo
+    p = host_view(probs)[0]  # [V] float32, a view
+    bits = p.view(np.uint32)  # non-negative floats order like their bit patterns
+    cut, inclusive = _removal_cut(top_p)
+    bound = memo.get(_MEMO_KEY)
+    kept = None
+    if bound is not None:
+        # torch's float64 sum: half numpy's time (which casts in buffers), the batched route's arithmetic
+        total = float(probs.sum(dtype=torch.float64))
+        if not 0.0 < total < math.inf:  # NaN (NaN or +inf scores, or all -inf), or no mass
+            return None
+        kept = _kept(scores, p, (bits >= bound).nonzero()[0], total, cut, inclusive, at_least)
+    if kept is None:
+        memo[_MEMO_KEY] = None
+        binade = bits >> _EXPONENT_SHIFT  # [V]; a set sign bit (never from softmax) lands past 255
+        mass = np.bincount(binade, weights=p, minlength=_BINS)  # [>= 256] float64
+        total = float(mass.sum())
+        if not 0.0 < total < math.inf:
+            return None
+        below = _below(mass[:_BINS], 0.0)  # [256] the mass under each binade
+        lowest = int(np.count_nonzero(_removed(below, cut, inclusive))) - 1  # >= 0: below[0] == 0
+        candidates = bits >= np.uint32(lowest << _EXPONENT_SHIFT)  # [V] the binade of the cut and above
+        if np.count_nonzero(candidates) <= MAX_SORTED:
+            kept = _kept(scores, p, np.flatnonzero(candidates), total, cut, inclusive, at_least)
+        if kept is None:
+            return _dense_keep(scores, p, bits, np.flatnonzero(binade == lowest), lowest, float(below[lowest]),
+                               cut, inclusive, at_least)
+    ids, cand, last = kept
+    memo[_MEMO_KEY] = np.uint32(max((last >> _EXPONENT_SHIFT) - 1, 0) << _EXPONENT_SHIFT)
+    return ids, cand
+
+
+def _kept(scores: torch.Tensor, p: np.ndarray, ids: np.ndarray, total: float, cut: float,
+          inclusive: bool, at_least: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """`(ids, scores, bits)` of the kept tokens among the candidates `ids` (ascending; every token
+    above the others), best first, and the bit pattern of the last one's probability; None when
+    the candidates are too many or too few, or the mass under them is not all removed."""
+    count = ids.shape[0]
+    if not at_least <= count <= MAX_SORTED:
+        return None
+    cand = host_view(scores)[0][ids]  # [K] float32
+    order = np.argsort(-cand, kind="stable")  # descending score, equal scores by ascending id
+    ids, cand = ids[order], cand[order]
+    picked = p[ids]  # [K] their probabilities
+    # HF's running sum in ascending order (`top_p_count`'s arithmetic), started by the mass under them.
+    cumulative = np.add.accumulate(picked[::-1], dtype=np.float64)  # [K] ascending
+    rest = max(total - float(cumulative[-1]), 0.0)
+    if not _removed(rest, cut, inclusive):
+        return None  # some token under the candidates is kept
+    cumulative += rest  # non-decreasing: the removed ones come first
+    removed = int(np.searchsorted(cumulative, cut, side="right" if inclusive else "left"))
+    kept = max(count - removed, min(at_least, count))
+    return ids[:kept], cand[:kept], int(picked.view(np.uint32)[kept - 1])
+
+
+def _dense_keep(scores: torch.Tensor, p: np.ndarray, bits: np.ndarray, in_binade: np.ndarray, binade: int,
+                under: float, cut: float, inclusive: bool, at_least: int) -> torch.Tensor | None:
+    """`(1, vocab)` bool: the kept tokens of a row whose cut lies in `binade` (tokens `in_binade`,
+    with the mass `under` it), found from 256 buckets of the binade's next bits, then a sort of
+    the cut's bucket; None when that bucket is too large or `at_least` reaches past the kept."""
+    low_bits = bits[in_binade]  # [n]
+    bucket = (low_bits >> _SUB_SHIFT) & (_BINS - 1)  # [n]
+    below = _below(np.bincount(bucket, weights=p[in_binade], minlength=_BINS), under)  # [256]
+    cut_bucket = int(np.count_nonzero(_removed(below, cut, inclusive))) - 1  # >= 0: below[0] is removed
+    ids = in_binade[bucket == cut_bucket]  # [m] ascending
+    if ids.shape[0] > MAX_SORTED:
+        return None
+    ids = ids[np.argsort(-host_view(scores)[0, ids], kind="stable")]  # by score, equal by id
+    cumulative = np.add.accumulate(p[ids][::-1], dtype=np.float64) + float(below[cut_bucket])  # ascending
+    removed = int(np.searchsorted(cumulative, cut, side="right" if inclusive else "left"))
+    keep = bits >= np.uint32((binade << _EXPONENT_SHIFT) + ((cut_bucket + 1) << _SUB_SHIFT))  # [V]
+    keep[ids[: ids.shape[0] - removed]] = True
+    if int(np.count_nonzero(keep)) < at_least:
+        return None
+    return torch.from_numpy(keep[None])
+
+
+def _below(mass: np.ndarray, start: float) -> np.ndarray:
+    """`[start, start + mass[0], start + mass[0] + mass[1], ...]`: the float64 mass under each bin."""
+    below = np.empty(mass.shape[0])
+    below[0] = 0.0
+    np.cumsum(mass[:-1], out=below[1:])
+    return below + start if start else below
+
+
+def _removed(running: np.ndarray | float, cut: float, inclusive: bool) -> np.ndarray | bool:
+    """Whether HF removes a token with this float64 running sum (its float32 rounding `<= 1 - top_p`)."""
+    return running <= cut if inclusive else running < cut
+
+
+@functools.lru_cache(maxsize=64)
+def _removal_cut(top_p: float) -> tuple[float, bool]:
+    """`rounds_at_most(float32(1 - top_p))`: a float64 running sum is removed iff `< cut` (`<=` if inclusive)."""
+    return rounds_at_most(float32(1.0 - top_p))

@@ -1,0 +1,422 @@
+"""One decoding step: logits of any layout in, next tokens out, exactly as HF's `generate` picks them.
+
+The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
+`rows` (extract, layout, vocab trim, float32 copy) -> `input_rows` (validate the context) ->
+`process` (HF's `LogitsProcessorList`) -> `choose` (argmax, or softmax + `torch.multinomial`).
+`sample_step` (`_sample_step.py`) is the same in one call.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from hfbridge._step.build_processors import make_generation_config, processors_for_config
+from hfbridge._step.inputs import check_not_meta, extract_logits, keeps_ids_intact
+from hfbridge._step.layout import Layout, LayoutLike, from_rows, rows_of
+from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
+from hfbridge._step.processor_list import processor_name
+from hfbridge._step.routes import greedy_choice, ids_outside
+from hfbridge._step.row_errors import invalid_rows_error
+
+
+class Sampler:
+    """HF's decoding step built once and applied to many steps.
+
+    Args:
+        generation_config: A `transformers.GenerationConfig` to start from; never modified.
+        processors: Your own `(input_ids, scores) -> scores` callables, merged with the built ones
+            as HF's `generate` merges `logits_processor=`.
+        layout: Axis names of the logits, e.g. `"b t v"` (default for 3-D), `"t b v"`, `"b v t"`,
+            `"b v"` (default for 2-D), `"v"` (default for 1-D), `"t v"`, `"b k t v"`.
+        vocab_size: The real vocabulary when the model's output is padded (50257 of 50304
+            columns): the extra columns are dropped and can never be chosen. Default: all columns.
+        do_sample: `True` samples, `False` is greedy. Default `None`: sample when any sampling
+            option (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
+            `eta_cutoff`, `top_h`) is passed, else follow `generation_config.do_sample`, else greedy.
+        generator: A `torch.Generator` on the logits' device for reproducible draws that leave
+            the global RNG alone. Default: the global RNG, drawing exactly as HF does.
+        prompt_length: Prompt tokens before generation; needed by `min_new_tokens`,
+            `max_new_tokens`, `exponential_decay_length_penalty`, `begin_suppress_tokens`.
+        attention_mask: `(batch, seq)` mask of a left-padded prompt (repetition penalty then
+            skips the padding on transformers versions that do so).
+        fast: Use hfbridge's fused sampling path: HF's distribution, not HF's random stream.
+        prefix_allowed_tokens_fn: HF's constraint hook, `(batch_id, input_ids) -> list[int]`: the
+            token ids allowed after the row's tokens `input_ids` `(seq,)` (`batch_id` is the row);
+            built into HF's `PrefixConstrainedLogitsProcessor` where HF puts it.
+        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
+
+    >>> import torch
+    >>> sampler = Sampler(temperature=0.7, top_k=2)
+    >>> [type(p).__name__ for p in sampler.processors]
+    ['TemperatureLogitsWarper', 'TopKLogitsWarper']
+    >>> sampler(torch.tensor([[0.0, 9.0, -9.0]]), torch.tensor([[1]])).shape
+    torch.Size([1])
+    """
+
+    def __init__(
+        self,
+        generation_config: GenerationConfig | None = None,
+        *,
+        processors: Iterable[Callable] | None = None,
+        layout: LayoutLike = None,
+        vocab_size: int | None = None,
+        do_sample: bool | None = None,
+        generator: torch.Generator | None = None,
+        prompt_length: int | None = None,
+        attention_mask: torch.Tensor | None = None,
+        fast: bool = False,
+        prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+        **generation_kwargs: Any,
+    ):
+        config = make_generation_config(
+            generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
+        )
+        self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
+                    prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+
+    @classmethod
+    def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
+        """A Sampler for a config already prepared by `make_generation_config` (HF defaults and
+        lengths applied), skipping the second preparation and its warnings; used by `generate`.
+
+        Takes the same keyword arguments as `Sampler` except the generation options.
+        """
+        sampler = cls.__new__(cls)
+        sampler._setup(copy.deepcopy(generation_config), **options)
+        return sampler
+
+    def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
+               layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
+               prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
+               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None) -> None:
+        if vocab_size is not None and (
+            not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
+        ):
+            raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
+        check_flag("fast", fast, optional=False)
+        self._setup_generator(generator)
+        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
+            is_tensor = isinstance(attention_mask, torch.Tensor)
+            got = tuple(attention_mask.shape) if is_tensor else type(attention_mask).__name__
+            raise ValueError(f"`attention_mask` must be a (batch, seq) tensor, got {got}.")
+        self.layout = Layout(layout) if isinstance(layout, str) else layout
+        self._layouts: dict[int, Layout] = {}  # default layouts by number of axes
+        self.vocab_size = vocab_size
+        self.prompt_length = prompt_length
+        self.fast = bool(fast)
+        self.generation_config = config
+        self.do_sample = bool(config.do_sample)
+        self._user_processors = processors
+        self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
+        self._attention_mask = attention_mask
+        # Token ids in the options, checked against the vocabulary once its width is known (first step).
+        self._token_options = {name: getattr(config, name, None) for name in TOKEN_ID_OPTIONS}
+        self._vocab_checked: int | None = None
+        self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
+        self._processors = self._build(self._device)
+        self._fast_valid: torch.Tensor | bool | None = None  # [N] bool (or one row's, known): `invalid_rows`
+        self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
+        self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
+
+    def _setup_generator(self, generator: torch.Generator | None) -> None:
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+        self.generator = generator
+        self._generator_fits: tuple[torch.Generator, torch.device] | None = None  # checked last, see `_check_generator`
+
+    def _build(self, device: torch.device) -> LogitsProcessorList:
+        mask = self._attention_mask.to(device) if self._attention_mask is not None else None
+        processors = processors_for_config(self.generation_config, processors=self._user_processors,
+                                           prompt_length=self.prompt_length, attention_mask=mask, device=device,
+                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
+        self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
+        return processors
+
+    @property
+    def processors(self) -> LogitsProcessorList:
+        """The `LogitsProcessorList` each step runs (HF's classes, HF's order)."""
+        return self._processors
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(p).__name__ if not hasattr(p, "__name__") else p.__name__ for p in self._processors)
+        mode = "sample" if self.do_sample else "greedy"
+        return f"Sampler({mode}{', fast' if self.fast else ''}; [{names}])"
+
+    def __call__(self, logits: Any, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Next tokens for `logits` given the context `input_ids`, shaped as the layout's batch axes."""
+        view, ids, batch_shape = self.prepare(logits, input_ids)
+        # check=True: a call on its own has no later host read to fold the fast path's flag into
+        return from_rows(self.next_tokens(ids, view, check=True), batch_shape)
+
+    def prepare(self, logits: Any, input_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """Check a step's arguments and flatten them: `(rows, ids, batch_shape)`.
+
+        `rows` is the last-position `(rows, vocab)` view of the caller's logits (padded vocabulary
+        dropped; read it, never write it), `ids` a private `(rows, seq)` int64 copy of
+        `input_ids` (not copied when no processor could write them), and `batch_shape` the layout's
+        batch axes (`from_rows` restores them).
+        """
+        logits = extract_logits(logits)
+        self._check_generator(logits.device)
+        check_not_meta(logits)
+        layout = self.layout_of(logits)
+        layout.check(logits)
+        batch_shape = layout.batch_shape(logits)
+        view = self._last_rows(logits, layout)  # [N, V], the caller's memory
+        return view, self.input_rows(input_ids, view, batch_shape=batch_shape), batch_shape
+
+    def layout_of(self, logits: torch.Tensor) -> Layout:
+        """The sampler's layout, or the default one for `logits.ndim` (parsed once per sampler)."""
+        if isinstance(self.layout, Layout):
+            return self.layout
+        layout = self._layouts.get(logits.ndim)
+        if layout is None:
+            layout = Layout.for_tensor(logits, self.layout)
+            self._layouts[logits.ndim] = layout
+        return layout
+
+    def last_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """The last-position `(rows, vocab)` logits, padded vocabulary dropped: a view, no copy.
+
+        Raises `ValueError` for a layout that does not fit, or too few columns for `vocab_size`.
+        """
+        layout = self.layout_of(logits)
+        layout.check(logits)
+        return self._last_rows(logits, layout)
+
+    def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, *,
+                    check: bool | None = None) -> torch.Tensor:
+        """`(rows,)` next tokens from `(rows, vocab)` logits and `(rows, seq)` ids (see `input_rows`).
+
+        `rows` is read, never modified (processors run on a float32 copy). Uses the fused path
+        when the sampler is `fast` and sampling; exact mode raises at once for a row with nothing
+        to choose.
+
+        Args:
+            check: Fast path only: read `invalid_rows` now and raise exact mode's error for a row
+                that could not be sampled (`check_rows`). Default None: at once on CPU (free);
+                on an accelerator, not here: call `check_rows()` where you read the device anyway.
+        """
+        if rows.shape[-1] != self._vocab_checked:
+            self._check_vocab(rows.shape[-1])
+        processors = self._processors_on(rows.device)
+        if self.fast and self.do_sample:
+            from hfbridge._step.fast.fast_path import fast_draw
+
+            # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
+            # division makes the copy), instead of a copy here and a division in place there
+            lent = rows.dtype == torch.float32
+            result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self.generator,
+                               memo=self._fast_memo, read_only=lent)
+            known = result.known_valid  # the one-row CPU draw knows it on the host
+            self._fast_valid = known if known is not None else result.valid  # no sync
+            self._last_fast = (result, rows)
+            if check or (check is None and rows.device.type == "cpu"):
+                self.check_rows()
+            return result.tokens
+        if not processors and not self.do_sample:
+            return self.choose(rows)  # plain argmax reads the logits without copying them
+        # `process` without its checks, made above
+        return self.choose(processors(cast(torch.LongTensor, input_ids), self._float_copy(rows)), raw=rows)
+
+    @property
+    def invalid_rows(self) -> torch.Tensor | None:
+        """`(rows,)` bool on the logits' device: True for each row the last fast `next_tokens` call
+        could not sample (see `check_rows`); None before such a call. Reading it makes no host read."""
+        valid = self._fast_valid
+        if isinstance(valid, bool):  # one CPU row whose draw knew the answer: no tensor made until asked
+            return torch.tensor([not valid])
+        return None if valid is None else ~valid
+
+    def check_rows(self, invalid: bool | None = None) -> None:
+        """Raise exact mode's error if the last fast `next_tokens` call left a row it could not sample.
+
+        The fast path draws without a host-device sync, so it cannot raise by itself on an
+        accelerator: it leaves `invalid_rows`, a `(rows,)` bool tensor on the logits' device, True
+        for each row whose final scores hold NaN or `+inf` or nothing above `-inf` (exact mode's
+        errors). This method is the point where that flag is read: `next_tokens` calls it at once
+        on CPU and `Sampler.__call__` / `sample_step` always; `generate` folds the flag into its
+        one host read per step and calls it with the value, naming the step. It also lets go of
+        the step's scores kept for the error message. Exact mode has nothing to check here.
+
+        Args:
+            invalid: `bool(invalid_rows.any())` when the caller has already read it; default None
+                reads it here (one host read).
+
+        Raises:
+            ValueError: exact mode's error for the first invalid row (NaN logits, NaN or `+inf`
+                after the processors, or every token removed), naming the row.
+        """
+        last, self._last_fast = self._last_fast, None
+        if last is None:
+            return
+        result, raw = last
+        if invalid is None:
+            known = result.known_valid  # the one-row CPU draw's answer: no op to read
+            invalid = not known if known is not None else bool((~result.valid).any())
+        if not invalid:
+            return
+        scores = result.final_scores()  # [N, V] HF's processed scores; invalid rows keep their cause
+        self._raise_bad_rows(~result.valid, raw, scores)  # exact mode's own error (`_row_errors`)
+
+    def rows(self, logits: Any) -> torch.Tensor:
+        """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.
+
+        Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
+        """
+        logits = extract_logits(logits)
+        check_not_meta(logits)
+        rows = self._float_copy(self.last_rows(logits))
+        if self.generation_config.remove_invalid_values:
+            return rows  # HF's InfNanRemoveLogitsProcessor turns NaN into 0: the processed scores are checked
+        bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
+        if bool(bad.any()):
+            self._raise_bad_rows(bad, rows, rows)
+        return rows
+
+    def _last_rows(self, logits: torch.Tensor, layout: Layout) -> torch.Tensor:
+        if layout.axes == ("b", "t", "v"):
+            rows = logits.select(1, -1)  # [N, V_padded]: `to_rows` for the common layout, without einops' overhead
+        elif layout.axes == ("b", "v"):
+            rows = logits
+        else:
+            rows = layout.to_rows(logits)  # [N, V_padded], a view where possible
+        columns = rows.shape[-1]
+        if self.vocab_size is None:
+            return rows
+        if self.vocab_size > columns:
+            raise ValueError(
+                f"`vocab_size`={self.vocab_size} but the logits have only {columns} vocabulary columns "
+                f"(shape {tuple(logits.shape)})."
+            )
+        return rows[:, : self.vocab_size]
+
+    @staticmethod
+    def _float_copy(rows: torch.Tensor) -> torch.Tensor:
+        # float32 as HF upcasts; copy=True so that in-place processors never reach the caller's tensor.
+        return rows.to(dtype=torch.float32, copy=True)
+
+    def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+        """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""
+        names = [processor_name(p) for p in self._processors]
+        raise invalid_rows_error(raw, scores, sampling=self.do_sample, processor_names=names, bad=bad)
+
+    def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
+                   *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """`input_ids` as `(rows, seq)` int64 (a private copy where needed), checked against the logits rows.
+
+        When no processor could write them (none, or only HF's own option-built processors:
+        `_step_inputs.keeps_ids_intact`), they are not copied (a view of `input_ids` when already int64).
+
+        Args:
+            input_ids: `(*batch, seq)` token ids, or None (no context: an empty `(rows, 0)` tensor).
+            rows: The `(rows, vocab)` scores from `rows()` (or just the number of rows).
+            batch_shape: The logits' batch shape; default `(rows,)`, or `()` for 1-D `input_ids`.
+        """
+        n_rows = rows if isinstance(rows, int) else rows.shape[0]
+        vocab = None if isinstance(rows, int) else rows.shape[1]
+        if vocab is not None and vocab != self._vocab_checked:
+            self._check_vocab(vocab)
+        device = self._device if isinstance(rows, int) else rows.device
+        if input_ids is None:
+            return torch.empty((n_rows, 0), dtype=torch.long, device=device)
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"`input_ids` must be a tensor of token ids, got {type(input_ids).__name__}.")
+        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+            raise TypeError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
+        if batch_shape is None:
+            batch_shape = () if input_ids.ndim == 1 and n_rows == 1 else (n_rows,)
+        if tuple(input_ids.shape[:-1]) != tuple(batch_shape) or input_ids.ndim != len(batch_shape) + 1:
+            raise ValueError(
+                f"`input_ids` of shape {tuple(input_ids.shape)} do not match the logits: expected "
+                f"{tuple(batch_shape) + ('seq',)} (logits batch {tuple(batch_shape)}, {n_rows} rows), "
+                f"got batch {tuple(input_ids.shape[:-1])}."
+            )
+        if input_ids.device != device:
+            raise ValueError(
+                f"`input_ids` are on {input_ids.device} but the logits are on {device}; move one of them."
+            )
+        # [N, T]: a private copy for processors that might write them (user code); none for HF's own
+        ids = rows_of(input_ids, tuple(batch_shape))
+        if self._ids_copied or ids.dtype != torch.long:  # else no `to`: even a no-op is a dispatched call
+            ids = ids.to(dtype=torch.long, copy=self._ids_copied)
+        if vocab is not None and ids.numel() and ids_outside(ids, vocab):  # one pass, one host read
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+            raise ValueError(
+                f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
+                f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size})."
+            )
+        return ids
+
+    def _processors_on(self, device: torch.device) -> LogitsProcessorList:
+        if device != self._device:
+            self._device = device
+            self._processors = self._build(device)
+        return self._processors
+
+    def _check_generator(self, device: torch.device) -> None:
+        fits = self._generator_fits
+        if self.generator is None or (fits is not None and fits[0] is self.generator and fits[1] == device):
+            return  # checked at the last step (twice a step in exact sampling: `prepare` and `choose`)
+        generator_device = torch.device(self.generator.device)
+        if generator_device.type != device.type or (
+            device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
+        ):
+            raise ValueError(
+                f"`generator` is on {generator_device} but the logits are on {device}; "
+                f"create it with torch.Generator(device={str(device)!r})."
+            )
+        self._generator_fits = (self.generator, device)
+
+    def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
+        if scores.shape[-1] != self._vocab_checked:
+            self._check_vocab(scores.shape[-1])
+        return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
+
+    def _check_vocab(self, vocab: int) -> None:
+        """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""
+        check_token_ids_in_vocab(self._token_options, vocab)
+        self._vocab_checked = vocab
+
+    def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.
+
+        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN), or with +inf
+        when sampling; `raw`, the logits before processing, tells the model's NaN or +inf apart
+        from the processors'.
+        """
+        if not self.do_sample:
+            tokens, best = greedy_choice(scores)  # the best score doubles as the validity check
+            self._check_best(best, scores, raw)
+            return tokens
+        self._check_generator(scores.device)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        try:
+            # torch.multinomial reads its input to refuse NaN / inf / all-zero rows (a host read we
+            # cannot avoid); checking the rows before it would add a second one.
+            return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+        except RuntimeError as error:
+            failure = error
+        self._check_best(scores.amax(dim=-1), scores, raw)  # names the row
+        raise failure
+
+    def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
+        """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""
+        if self.do_sample:  # False for -inf (nothing left), +inf and NaN
+            valid = best.abs() < float("inf")
+            if bool(valid.all()):
+                return
+        else:  # False for -inf and NaN; the minimum alone tells (amin propagates NaN)
+            worst = float(best if best.numel() == 1 else best.amin())
+            if worst > float("-inf"):
+                return
+            valid = best > float("-inf")
+        self._raise_bad_rows(~valid, scores if raw is None else raw, scores)

@@ -1,0 +1,12 @@
+"""Views for notebooks: what one step did, what a whole generation did, and streamers.
+
+Entry points: `explain_step` (`explain_step`, `StepTrace`), `step_plot`, `explain_generation`
+(`explain_generation`, `GenerationTrace`, `TokenStep`), `trace_view` (their text, HTML and plots),
+`html` (the one place text becomes HTML), `streamers` (`NotebookStreamer`).
+Imports: `hfbridge._step`, `hfbridge._generate`.
+
+>>> import torch
+>>> from hfbridge._views.explain_step import explain_step
+>>> explain_step(torch.tensor([0.0, 1.0]), temperature=0.5).token
+1
+"""

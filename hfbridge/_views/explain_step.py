@@ -1,0 +1,355 @@
+"""What each logits processor did to one step's distribution: `explain_step` and its trace.
+
+The trace is recorded by running the processors that `Sampler` built (HF's own, in HF's order)
+one at a time on a copy of the scores, then choosing the token exactly as `Sampler` does, so
+the recorded choice is the token `sample_step` returns for the same options and seed.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList
+
+from hfbridge._step.processor_list import check_processor_output
+from hfbridge._step.processor_repr import processor_name as _processor_name
+from hfbridge._step.processor_repr import processor_params as _processor_params
+from hfbridge._step.sampler import Sampler
+from hfbridge._views.html import FONT_STYLE, page
+from hfbridge._views.step_plot import plot_step
+
+__all__ = ["Stage", "StepTrace", "explain_step"]
+
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The distribution of one row at one point of the step.
+
+    Attributes:
+        name: ``"input"`` for the model's scores, else the processor's class name (with its
+            package in front when it is not from transformers: ``xgrammar.LogitsProcessor``).
+        params: The processor's constructor settings (``{"temperature": 0.7}``); empty for the input.
+        scores: ``(vocab,)`` float32 scores after this stage; ``-inf`` marks removed tokens.
+        top_ids: Ids of the ``top`` highest-scoring tokens still possible, best first.
+        top_scores: Their scores.
+        top_probs: Their softmax probabilities.
+        possible: How many tokens still have a finite score.
+        entropy: Entropy of the softmax distribution, in nats.
+    """
+
+    name: str
+    params: dict[str, Any]
+    scores: torch.Tensor = field(repr=False)
+    top_ids: list[int]
+    top_scores: list[float]
+    top_probs: list[float]
+    possible: int
+    entropy: float
+
+    @property
+    def label(self) -> str:
+        """``Name(param=value, ...)``, or ``input`` (HF's default ``min_tokens_to_keep=1`` is not shown)."""
+        if not _shown(self.params):
+            return self.name
+        return f"{self.name}({self.params_text})"
+
+    @property
+    def params_text(self) -> str:
+        """``param=value, ...`` as shown in tables and plots (without HF's default ``min_tokens_to_keep=1``)."""
+        return _params_text(self.params)
+
+    @property
+    def short_name(self) -> str:
+        """The name without HF's ``LogitsProcessor``/``LogitsWarper`` suffix (``TopP``)."""
+        for suffix in ("LogitsProcessor", "LogitsWarper"):
+            stem = self.name[: -len(suffix)]
+            if self.name.endswith(suffix) and stem.isidentifier():
+                return stem
+        return self.name
+
+    def probs(self) -> torch.Tensor:
+        """``(vocab,)`` softmax probabilities of this stage."""
+        return torch.softmax(self.scores, dim=-1)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """The record `explain_step` returns; shows as a table in Jupyter and as text in a terminal.
+
+    Attributes:
+        stages: The input distribution, then one `Stage` per processor, in the order they ran.
+        token: The token id chosen for the explained row.
+        row: Which row of the batch is explained.
+        batch_rows: How many rows the step had.
+        do_sample: Whether the token was drawn (``True``) or taken by argmax (``False``).
+        tokenizer: Used only to show tokens as text. Default: ``None`` (ids are shown).
+    """
+
+    stages: list[Stage]
+    token: int
+    row: int
+    batch_rows: int
+    do_sample: bool
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def token_text(self) -> str | None:
+        """The chosen token decoded by the tokenizer, or ``None`` without one."""
+        return None if self.tokenizer is None else self.tokenizer.decode([self.token])
+
+    def token_label(self, token_id: int) -> str:
+        """How a token is shown: its text (``repr`` of the decoded string) or ``#id``."""
+        if self.tokenizer is None:
+            return f"#{token_id}"
+        return repr(self.tokenizer.decode([token_id]))
+
+    def _summary(self) -> str:
+        how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
+        token = f"token {self.token}" + (f" {self.token_label(self.token)}" if self.tokenizer is not None else "")
+        p = self.stages[-1].probs()[self.token].item()
+        processors = len(self.stages) - 1
+        return f"row {self.row} of {self.batch_rows}: {token} {how}, p={p:.3f} after {processors} processor(s)"
+
+    def __str__(self) -> str:
+        lines = [f"explain_step: {self._summary()}"]
+        width = max(8, *(len(self.token_label(i)) for s in self.stages for i in s.top_ids))
+        width = min(width, 24)
+        for number, stage in enumerate(self.stages):
+            lines.append("")
+            lines.append(f"[{number}] {stage.label}")
+            lines.append(f"    possible {stage.possible}   entropy {stage.entropy:.3f} nats")
+            lines.append(f"    {'rank':>4}  {'token':<{width}}  {'score':>9}  {'prob':>6}")
+            for rank, (token_id, score, prob) in enumerate(zip(stage.top_ids, stage.top_scores, stage.top_probs), 1):
+                mark = "  <- chosen" if token_id == self.token else ""
+                label = _clip(self.token_label(token_id), width)
+                lines.append(f"    {rank:>4}  {label:<{width}}  {score:>9.3f}  {prob:>6.3f}{mark}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        head = "".join(
+            f"<th style='text-align:left;vertical-align:top;padding:1px 6px 1px 3px'>[{n}] {html.escape(s.short_name)}"
+            f"<br><span style='font-weight:normal;font-size:85%'>{html.escape(_params_text(s.params))}</span></th>"
+            for n, s in enumerate(self.stages)
+        )
+        depth = max(len(s.top_ids) for s in self.stages)
+        body = []
+        for rank in range(depth):
+            cells = [f"<td style='text-align:right;color:#888'>{rank + 1}</td>"]
+            for stage in self.stages:
+                if rank >= len(stage.top_ids):
+                    cells.append("<td></td>")
+                    continue
+                token_id, score, prob = stage.top_ids[rank], stage.top_scores[rank], stage.top_probs[rank]
+                chosen = token_id == self.token
+                # An inline bar (not a CSS gradient) renders the same in every notebook front end.
+                bar = (
+                    f"<span style='display:inline-block;height:0.7em;width:{max(1, round(40 * prob))}px;"
+                    f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:4px'></span>"
+                )
+                style = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;"
+                if chosen:
+                    style += "font-weight:bold;background:#fdd0a2;"
+                cells.append(
+                    f"<td title='id {token_id}, score {score:.4f}' style='{style}'>"
+                    f"<code style='white-space:pre'>{html.escape(self.token_label(token_id))}</code> {prob:.3f}{bar}"
+                    f"<span style='color:#777;font-size:80%;font-weight:normal'> ({_format_score(score)})</span></td>"
+                )
+            body.append(f"<tr>{''.join(cells)}</tr>")
+        for title, values in (
+            ("possible", [str(s.possible) for s in self.stages]),
+            ("entropy (nats)", [f"{s.entropy:.3f}" for s in self.stages]),
+        ):
+            body.append(
+                "<tr style='border-top:1px solid #ccc'>"
+                f"<td style='text-align:right;color:#888;white-space:nowrap'>{title}</td>"
+                + "".join(f"<td style='text-align:left;padding:1px 6px 1px 3px'>{v}</td>" for v in values)
+                + "</tr>"
+            )
+        summary = html.escape(f"explain_step: {self._summary()}")
+        return (
+            # The font on each child, not on the outer <div>: the same text outside Jupyter, same fragment shape.
+            f"<div><b style='{FONT_STYLE}'>{summary}</b><br><span style='{FONT_STYLE};font-size:85%;color:#555'>each "
+            "cell: token, probability (bar), (score); the chosen token is highlighted</span>"
+            f"<table style='{FONT_STYLE};border-collapse:collapse;font-size:90%;margin-top:4px'>"
+            f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        )
+
+    def to_html(self) -> str:
+        """A standalone HTML page (its own stylesheet): the table as Jupyter shows it, anywhere.
+
+        >>> text = explain_step(torch.tensor([0.0, 1.0, 2.0]), top_k=2).to_html()
+        >>> text.startswith("<!DOCTYPE html>"), "font-family" in text
+        (True, True)
+        """
+        return page(self._repr_html_(), f"explain_step: {self._summary()}")
+
+    def plot(self, *, top: int | None = None, ax: Any = None) -> Any:
+        """Stacked bars: how the probability of the top tokens moves from stage to stage.
+
+        Each bar is one stage; each coloured segment is one token (the input's top tokens, the
+        last stage's top three and the chosen one), grey is every other token. The chosen token
+        is hatched.
+
+        Args:
+            top: How many tokens get their own colour. Default: the trace's ``top`` (at most 10).
+            ax: A matplotlib ``Axes`` to draw into. Default: a new figure.
+
+        Returns:
+            The matplotlib ``Figure``. A new figure is closed in pyplot, so in Jupyter it is
+            shown once, when the call is the cell's last expression (or via ``display``).
+
+        >>> import torch, matplotlib
+        >>> matplotlib.use("Agg")
+        >>> fig = explain_step(torch.tensor([0.0, 1.0, 2.0]), temperature=0.5).plot()
+        >>> type(fig).__name__
+        'Figure'
+        """
+        return plot_step(self, top=top, ax=ax)
+
+
+def explain_step(
+    logits: Any,
+    input_ids: torch.Tensor | None = None,
+    *,
+    tokenizer: Any = None,
+    top: int = 10,
+    row: int = 0,
+    **options: Any,
+) -> StepTrace:
+    """Run one `sample_step` and record what each logits processor did to one row.
+
+    Takes exactly the arguments of `sample_step` (``temperature``, ``top_p``,
+    ``repetition_penalty``, ``layout``, ``vocab_size``, ``generator``, ...), runs HF's processors
+    one at a time in HF's order and records, for the input and after every processor: the
+    processor's name and parameters, the ``top`` best tokens with scores and probabilities, how
+    many tokens remain possible and the entropy; then the token chosen, which is the one
+    `sample_step` returns for the same options and seed.
+
+    Args:
+        logits: Model output, as for `sample_step` (any layout, dtype or padded vocabulary).
+        input_ids: ``(batch, seq)`` tokens so far, needed by penalties. Default: ``None``.
+        tokenizer: A HF tokenizer to show tokens as text. Default: ``None`` (ids are shown).
+        top: How many tokens to record per stage. Default: ``10``.
+        row: Which row of the batch to explain (rows as the layout flattens them). Default: ``0``.
+        **options: Everything `sample_step` / `Sampler` accepts. Each processor runs once, so a
+            stateful one passed in ``processors=`` (a grammar matcher) has taken one step
+            afterwards: give `generate` a fresh one.
+
+    Returns:
+        A `StepTrace`: rich HTML in Jupyter, a text table with ``print``, and ``.plot()``.
+
+    >>> import torch
+    >>> trace = explain_step(torch.tensor([[0.0, 1.0, 3.0, 2.0]]), temperature=0.5, top_k=2)
+    >>> [stage.name for stage in trace.stages]
+    ['input', 'TemperatureLogitsWarper', 'TopKLogitsWarper']
+    >>> trace.stages[-1].possible
+    2
+    """
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top: expected a positive int (tokens to record per stage), got {top!r}")
+    if isinstance(row, bool) or not isinstance(row, int):
+        raise TypeError(f"row: expected an int (which batch row to explain), got {type(row).__name__}")
+    sampler = Sampler(**options)
+    # The step's own preparation, so batch shapes and errors are `sample_step`'s.
+    view, ids, _ = sampler.prepare(logits, input_ids)  # [N, V] view of the logits, [N, T]
+    rows = view.to(dtype=torch.float32, copy=True)  # [N, V]
+    n_rows = rows.shape[0]
+    if not 0 <= row < n_rows:
+        raise ValueError(f"row: got {row}, expected 0 <= row < {n_rows} (the step has {n_rows} row(s))")
+    processors = sampler._processors_on(rows.device)
+
+    scores = rows.clone()
+    stages = [_stage("input", {}, scores[row], top)]
+    outputs: list[torch.Tensor] = []  # [N, V] per processor, for the fast path's replay below
+    for processor in processors:
+        # Processors may edit their input in place; each recorded stage keeps its own copy.
+        params = _processor_params(processor)  # before the call: settings, not state it builds
+        scores = processor(ids, scores.clone())
+        check_processor_output(processor, rows, scores, index=len(outputs))
+        outputs.append(scores)
+        stages.append(_stage(_processor_name(processor), params, scores[row], top))
+    # Choose for every row, as the step does, so a seeded generator draws the token `sample_step`
+    # would (and a row left with no token is the step's own error). The processors are not run
+    # again: stateful ones (grammar matchers) must see each step once.
+    if sampler.fast and sampler.do_sample:
+        from hfbridge._step.fast.fast_path import fast_sample
+
+        # The fast path fuses some of HF's processors and calls the others; those not from
+        # transformers (a user's, possibly stateful) hand back what they returned above.
+        replayed = LogitsProcessorList(
+            processor if _from_transformers(processor) else _Replay(output)
+            for processor, output in zip(processors, outputs)
+        )
+        tokens = fast_sample(ids, rows, replayed, sampler.generator)
+    else:
+        tokens = sampler.choose(scores, raw=rows)
+    return StepTrace(
+        stages=stages,
+        token=int(tokens[row]),
+        row=row,
+        batch_rows=n_rows,
+        do_sample=bool(sampler.do_sample),
+        tokenizer=tokenizer,
+    )
+
+
+class _Replay:
+    """Stands in for a processor that already ran for this step: returns a copy of its output."""
+
+    def __init__(self, output: torch.Tensor):
+        self.output = output  # [N, V]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        return self.output.clone()  # a copy: later processors may edit it in place
+
+
+def _from_transformers(processor: Any) -> bool:
+    """HF's own processors are pure functions of `(input_ids, scores)`: running one twice is harmless."""
+    return type(processor).__module__.split(".")[0] == "transformers"
+
+
+def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) -> Stage:
+    scores = scores.detach().float().cpu().clone()  # [V]
+    probs = torch.softmax(scores, dim=-1)
+    possible = int((scores > float("-inf")).sum())
+    # Removed tokens (-inf) are not listed: `possible` already says how many are left.
+    top_scores, top_ids = torch.topk(scores, max(1, min(top, possible)))
+    return Stage(
+        name=name,
+        params=params,
+        scores=scores,
+        top_ids=top_ids.tolist(),
+        top_scores=top_scores.tolist(),
+        top_probs=probs[top_ids].tolist(),
+        possible=possible,
+        entropy=float(torch.special.entr(probs).sum()),
+    )
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _format_score(score: float) -> str:
+    return "-inf" if score == float("-inf") else f"{score:.2f}"
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_format_value(v)}" for k, v in _shown(params).items())
+
+
+def _shown(params: dict[str, Any]) -> dict[str, Any]:
+    """Parameters worth displaying: HF's default `min_tokens_to_keep=1` only adds noise."""
+    return {k: v for k, v in params.items() if not (k == "min_tokens_to_keep" and v == 1)}
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
