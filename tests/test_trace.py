@@ -12,7 +12,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import hfbridge
 from hfbridge import explain_generation, generate
-from tests._tiny_models import TinyCore, TinyRecompute, char_tokenizer, recompute_callable, tiny_gpt2
+
+from _tiny_models import TinyCore, TinyRecompute, char_tokenizer, recompute_callable, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf")
 
