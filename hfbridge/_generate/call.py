@@ -30,9 +30,10 @@ from hfbridge._generate.args import check_config, checked_arguments, has_default
 from hfbridge._generate.hf_loops.beam import check_beam_options
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
-from hfbridge._generate.strategies import is_beam
+from hfbridge._generate.strategies import is_assisted, is_beam
 from hfbridge._hf.host import ProcessorHost, generation_option_names
 from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
 from hfbridge._step.sampler import Sampler
 
@@ -67,12 +68,13 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
 
     # 2. The config, exactly as HF's `generate` prepares it (defaults, lengths, validation, special tokens).
     do_sample = options.pop("do_sample", None)
+    # An HF model's own generation_config supplies the defaults, merged by HF's code (`HFModel.host`).
+    host = adapter.host(device) if isinstance(adapter, HFModel) else ProcessorHost(device=device)
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
-                                    accepted=generation_option_names(), caller="generate", **options)
+                                    accepted=generation_option_names(), caller="generate", host=host, **options)
     check_config(config, tokenizer, assistant_model)
     if is_beam(config):
         check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
-    host = ProcessorHost(device=device)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
     if attention_mask is None:
         attention_mask = _inferred_mask(host, input_ids, config)
@@ -113,6 +115,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
                                     generator=generator, prompt_length=prompt_length, attention_mask=padding,
                                     fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     state = adapter.start(sequences, mask, model_inputs)
+    if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
+        state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model))
     return_dict = bool(config.return_dict_in_generate)
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
                  prompts=batch, expand=expand,

@@ -357,7 +357,8 @@ class ReturnsCache(ModelAdapter):
 
 
 def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:
-    """`model` if it is an adapter already, else `Recompute(model, max_context=max_context)`."""
+    """`model` if it is an adapter already; `HFModel(model)` for a transformers `PreTrainedModel`
+    (without `max_context`); else `Recompute(model, max_context=max_context)`."""
     if isinstance(model, ModelAdapter):
         if max_context is not None:
             if not isinstance(model, Recompute):
@@ -371,4 +372,9 @@ def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:
                 )
             return Recompute(model.model, max_context=max_context)
         return model
+    if max_context is None:
+        from hfbridge._models.hf_model import HFModel, is_hf_model  # below this module: it subclasses ModelAdapter
+
+        if is_hf_model(model):
+            return HFModel(model)
     return Recompute(model, max_context=max_context)

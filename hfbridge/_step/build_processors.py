@@ -86,12 +86,14 @@ def make_generation_config(
     prompt_length: int | None = None,
     accepted: frozenset[str] | None = None,
     caller: str = "sample_step",
+    host: ProcessorHost | None = None,
     **options: Any,
 ) -> GenerationConfig:
     """A validated copy of `generation_config` with `options` applied, as HF's `generate` makes it.
 
     HF's defaults for the installed version are filled in (for example `top_k=50` when sampling,
-    as `model.generate` does). The caller's config is never modified.
+    as `model.generate` does). The caller's config is never modified. `host`: the `ProcessorHost`
+    HF's helpers run on; a model's host (`HFModel.host`) makes its `generation_config` the defaults.
 
     >>> make_generation_config(temperature=0.7).do_sample
     True
@@ -111,10 +113,13 @@ def make_generation_config(
             check_options({name: getattr(generation_config, name, None) for name in CHECKED_OPTIONS})
         except (TypeError, ValueError) as error:
             raise type(error)(f"{str(error).rstrip('.')} (in `generation_config`).") from None
-    sample = resolve_do_sample(do_sample, generation_config, options)
+    host = host if host is not None else ProcessorHost()  # a model's host carries its generation_config
+    base = generation_config
+    if base is None or base.do_sample is None:
+        base = host.generation_config  # the model's, where HF's merge would take do_sample from it
+    sample = resolve_do_sample(do_sample, base, options)
     if generation_config is None or generation_config.do_sample != sample:
         options = {**options, "do_sample": sample}
-    host = ProcessorHost()
     config, unused = host.prepare_config(generation_config, **options)
     if unused:  # pragma: no cover - names were checked above
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")

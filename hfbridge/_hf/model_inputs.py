@@ -1,0 +1,145 @@
+"""How the installed transformers feeds its own models inside `generate`, for hfbridge's `HFModel` adapter.
+
+`model.generate` builds the model's keyword arguments with private helpers whose names and
+signatures change between releases. Everything hfbridge relies on to call a `PreTrainedModel` the
+way its own `generate` does goes through this module:
+
+| what | used as | versions | hfbridge on each side |
+| --- | --- | --- | --- |
+| the cache's name in `forward`, `prepare_inputs_for_generation` and the output | `cache_name`, `output_cache` | `past_key_values` up to 5.23, `cache` from 5.24 | read from `forward`'s signature; the output read under both names |
+| `logits_to_keep=1` (`num_logits_to_keep` in 4.46) | `keep_logits_name` | 4.45+ | passed only when `forward` names it |
+| `_prepare_cache_for_generation` (the first cache) | `first_cache` | 4.42+ (its parameters change: `assistant_model`/`device` in 4.x, `generation_mode` in 5.x) | called with the parameters its signature names; a missing helper: no cache passed, the model makes its own |
+| `_prepare_position_ids_for_generation` | `step_inputs` | 5.x (4.x makes them in `prepare_inputs_for_generation`) | called when it exists |
+| `prepare_inputs_for_generation` (`cache_position` in 4.x, `next_sequence_length` and `is_first_iteration` in 5.x) | `step_inputs` | every version | each passed when its signature names it |
+| an all-ones mask is dropped before the loop | `step_inputs` | 5.x | the mask is passed as `None` when the prompts have no padding |
+
+>>> import torch
+>>> from transformers import GPT2Config, GPT2LMHeadModel
+>>> model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1)).eval()
+>>> cache_name(model) in ("past_key_values", "cache")
+True
+>>> sorted(step_inputs(model, torch.tensor([[1, 2, 3]]), cache=None, fed=0, attention_mask=None, keep=1,
+...                    model_inputs={}))[:1]
+['input_ids']
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+from hfbridge._hf.host import _TRANSFORMERS_MAJOR
+
+__all__ = ["CACHE_NAMES", "cache_name", "drops_full_mask", "first_cache", "keep_logits_name", "output_cache",
+           "step_inputs"]
+
+#: Names transformers has given the decoder's cache (newest first).
+CACHE_NAMES = ("cache", "past_key_values")
+
+
+@functools.cache
+def _parameters(function: Any) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(function).parameters)
+    except (TypeError, ValueError):  # pragma: no cover - every HF model has a signature
+        return frozenset()
+
+
+def _forward_parameters(model: Any) -> frozenset[str]:
+    return _parameters(type(model).forward)
+
+
+def cache_name(model: Any) -> str:
+    """The name under which `model.forward` takes its cache: `cache` (transformers 5.24+) or `past_key_values`."""
+    parameters = _forward_parameters(model)
+    if "cache" in parameters and "past_key_values" not in parameters:
+        return "cache"
+    return "past_key_values"
+
+
+def output_cache(outputs: Any) -> Any:
+    """The cache a model returned (its `cache` or `past_key_values` field), or None."""
+    for name in CACHE_NAMES:
+        value = outputs.get(name) if hasattr(outputs, "get") else getattr(outputs, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def keep_logits_name(model: Any) -> str | None:
+    """`logits_to_keep` or `num_logits_to_keep` (4.46), whichever `model.forward` takes, else None."""
+    parameters = _forward_parameters(model)
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in parameters:
+            return name
+    return None
+
+
+def first_cache(model: Any, config: Any, *, batch: int, max_length: int, device: torch.device) -> Any:
+    """The cache HF's `generate` would create before the first call (`_prepare_cache_for_generation`), or None.
+
+    Args:
+        model: The `PreTrainedModel`.
+        config: The call's prepared `GenerationConfig` (its `use_cache`, `cache_implementation`, ...).
+        batch: Prompts in the call, before `num_beams` / `num_return_sequences` expansion (HF's `batch_size`).
+        max_length: The call's `max_length`; HF sizes a static cache to `max_length - 1`.
+        device: The device of the prompts.
+    """
+    prepare = getattr(model, "_prepare_cache_for_generation", None)
+    if prepare is None or config.use_cache is False:
+        return None
+    values: dict[str, Any] = {"generation_config": config, "assistant_model": None, "batch_size": batch,
+                              "max_cache_length": max_length - 1, "device": device}
+    parameters = _parameters(type(model)._prepare_cache_for_generation)
+    if "generation_mode" in parameters:
+        values["generation_mode"] = config.get_generation_mode()
+    model_kwargs: dict[str, Any] = {}
+    prepare(model_kwargs=model_kwargs, **{name: value for name, value in values.items() if name in parameters})
+    return next((model_kwargs[name] for name in CACHE_NAMES if model_kwargs.get(name) is not None), None)
+
+
+def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: Any, fed: int, attention_mask: torch.Tensor | None,
+                keep: int | None, model_inputs: dict[str, Any], use_cache: bool = True) -> dict[str, Any]:
+    """The keyword arguments of one `model(...)` call, made by the model's own `prepare_inputs_for_generation`.
+
+    Args:
+        model: The `PreTrainedModel`.
+        input_ids: The whole sequence so far, `(batch, seq)`.
+        cache: The model's cache, holding the first `fed` positions (None: nothing cached).
+        fed: Positions the cache holds; the call feeds `input_ids[:, fed:]`.
+        attention_mask: `(batch, seq)` mask of the whole sequence, or None where HF's `generate`
+            dropped an all-ones mask (5.x).
+        keep: `logits_to_keep`: 1 as HF's `generate`, the number of fed positions where every
+            fed position's logits are needed (assisted decoding), None for all.
+        model_inputs: The user's extra model inputs (HF's `**model_kwargs`).
+        use_cache: False for `use_cache=False` (every call feeds the whole sequence, `fed` is 0).
+    """
+    new = input_ids.shape[1] - fed
+    kwargs: dict[str, Any] = {**model_inputs, "use_cache": use_cache, cache_name(model): cache}
+    kwargs["attention_mask"] = attention_mask
+    keep_name = keep_logits_name(model)
+    if keep_name is not None and keep is not None:
+        kwargs[keep_name] = keep
+    prepare = type(model).prepare_inputs_for_generation
+    parameters = _parameters(prepare)
+    if "position_ids" in _forward_parameters(model) and "position_ids" not in model_inputs \
+            and hasattr(model, "_prepare_position_ids_for_generation"):
+        # transformers 5: `generate` makes the position ids of the whole prompt from the mask before
+        # the loop and extends them by one per token; the same values, from the whole mask.
+        full = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        kwargs["position_ids"] = model._prepare_position_ids_for_generation(input_ids, {"attention_mask": full})
+    if "cache_position" in parameters:  # transformers 4.x slices the fed tokens by it
+        kwargs["cache_position"] = torch.arange(fed, input_ids.shape[1], device=input_ids.device)
+    if "next_sequence_length" in parameters:  # transformers 5.x slices by it
+        kwargs["next_sequence_length"] = new
+    if "is_first_iteration" in parameters:
+        kwargs["is_first_iteration"] = fed == 0
+    return model.prepare_inputs_for_generation(input_ids, **kwargs)
+
+
+def drops_full_mask() -> bool:
+    """Whether the installed `generate` drops an all-ones attention mask before its loop (transformers 5)."""
+    return _TRANSFORMERS_MAJOR >= 5

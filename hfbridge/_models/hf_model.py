@@ -1,0 +1,149 @@
+"""The `HFModel` adapter: a transformers `PreTrainedModel` called exactly as its own `generate` calls it.
+
+`generate(model, ...)` with a decoder-only `PreTrainedModel` picks this adapter by itself (an
+adapter you pass explicitly still wins). It does what `model.generate` does around each call:
+
+- the model's `generation_config` supplies the defaults (eos, pad, lengths, sampling options),
+  merged by HF's own `_prepare_generation_config`, so `generation_config=` and keyword options
+  override it as in HF (see `hfbridge._generate.call`);
+- the first cache is the one HF's `generate` creates (`_prepare_cache_for_generation`); the prompt
+  is fed once, then one new token per call with the cache the model returned;
+- each call's inputs come from the model's own `prepare_inputs_for_generation` (position ids from
+  the mask with left padding, the cache under the installed version's name, `logits_to_keep=1`);
+  see `hfbridge._hf.model_inputs` for what differs between transformers versions.
+
+Beam search reorders and assisted decoding crops the HF cache (`hfbridge._models.cache`).
+
+>>> import torch
+>>> from transformers import GPT2Config, GPT2LMHeadModel
+>>> from hfbridge import generate
+>>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+<torch._C.Generator object at ...>
+>>> model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=1)).eval()
+>>> prompt = torch.tensor([[1, 2, 3]])
+>>> torch.equal(generate(model, prompt, max_new_tokens=4), model.generate(prompt, max_new_tokens=4))
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfbridge._hf.host import ProcessorHost
+from hfbridge._hf.model_inputs import drops_full_mask, first_cache, output_cache, step_inputs
+from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.cache import crop_cache, reorder_cache
+
+__all__ = ["HFModel", "is_hf_model"]
+
+# The adapter's own state entries (see `ModelAdapter`).
+_FED = "_fed"  # positions the cache holds
+_CACHE = "_cache"  # the model's cache
+_KEEP = "_keep"  # logits_to_keep: 1, or "fed" (every fed position: assisted decoding)
+_MASK = "_mask"  # pass the attention mask (False where HF drops an all-ones one)
+_USE_CACHE = "_use_cache"
+
+
+def is_hf_model(model: Any) -> bool:
+    """Whether `model` is a transformers `PreTrainedModel` that generates (has `prepare_inputs_for_generation`)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    return isinstance(model, PreTrainedModel) and callable(getattr(model, "prepare_inputs_for_generation", None))
+
+
+class HFModel(ModelAdapter):
+    """A decoder-only transformers `PreTrainedModel`, fed as its own `model.generate` feeds it.
+
+    Args:
+        model: The model (`LlamaForCausalLM`, `GPT2LMHeadModel`, any `...ForCausalLM`).
+
+    Raises:
+        TypeError: for a model that is not a `PreTrainedModel` with `prepare_inputs_for_generation`,
+            or an encoder-decoder model.
+
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> from hfbridge import generate
+    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=1))
+    >>> generate(HFModel(model.eval()), torch.tensor([[1, 2]]), max_new_tokens=3).shape
+    torch.Size([1, 5])
+    """
+
+    reserved = ("past_key_values", "cache", "cache_position", "logits_to_keep", "num_logits_to_keep")
+
+    def __init__(self, model: Any):
+        if not is_hf_model(model):
+            raise TypeError(
+                f"HFModel takes a transformers PreTrainedModel with prepare_inputs_for_generation, got "
+                f"{type(model).__name__}; wrap other models in Recompute, ReturnsCache, InputPos or Hooks."
+            )
+        if getattr(model.config, "is_encoder_decoder", False):
+            raise TypeError(
+                f"HFModel takes decoder-only models, but {type(model).__name__} is an encoder-decoder model; "
+                "hfbridge.generate decodes decoder-only models (use the model's own generate)."
+            )
+        super().__init__(model)
+
+    def host(self, device: torch.device) -> ProcessorHost:
+        """A host for HF's helpers whose `config` and `generation_config` are the model's, as in `model.generate`."""
+        host = ProcessorHost(device=device)
+        host.config = self.model.config
+        host.generation_config = self.model.generation_config
+        return host
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              model_inputs: dict[str, Any]) -> dict[str, Any]:
+        state = super().start(input_ids, attention_mask, model_inputs)
+        state.update({_CACHE: None, _KEEP: "fed", _MASK: True, _USE_CACHE: True})
+        return state
+
+    def begin(self, state: dict[str, Any], config: Any, *, prompts: int, assisted: bool) -> dict[str, Any]:
+        """The state for one call with the prepared `config`: HF's first cache, `logits_to_keep`, the mask rule.
+
+        Args:
+            state: The state `start` returned.
+            config: The call's prepared `GenerationConfig`.
+            prompts: Prompts in the call, before expansion for beams / returned sequences.
+            assisted: The call runs assisted or prompt-lookup decoding, which checks every fed position.
+        """
+        mask = state["attention_mask"]  # [N, T]
+        state[_USE_CACHE] = config.use_cache is not False
+        state[_CACHE] = first_cache(self.model, config, batch=prompts, max_length=config.max_length,
+                                    device=mask.device)
+        state[_KEEP] = "fed" if assisted else 1
+        state[_MASK] = not drops_full_mask() or bool((mask == 0).any())
+        return state
+
+    def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
+        fed = state[_FED]
+        keep = input_ids.shape[1] - fed if state[_KEEP] == "fed" else state[_KEEP]
+        inputs = step_inputs(self.model, input_ids, cache=state[_CACHE], fed=fed,
+                             attention_mask=state["attention_mask"] if state[_MASK] else None, keep=keep,
+                             model_inputs=self.model_inputs(state), use_cache=state[_USE_CACHE])
+        return self.model(**inputs, return_dict=True)
+
+    def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
+        if state[_USE_CACHE]:
+            state[_CACHE] = output_cache(outputs)
+            state[_FED] = input_ids.shape[1]
+        return state
+
+    def logits(self, outputs: Any) -> Any:
+        return outputs.logits
+
+    def cache(self, state: dict[str, Any]) -> Any:
+        return state.get(_CACHE)
+
+    def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
+        state[_CACHE] = reorder_cache(state[_CACHE], beam_idx)
+        return state
+
+    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        if length < state.get(_FED, 0):
+            state[_CACHE] = crop_cache(state[_CACHE], length, cached=state[_FED])
+            state[_FED] = length
+        return state
