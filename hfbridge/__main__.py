@@ -1,4 +1,4 @@
-"""The hfbridge command line: ``python -m hfbridge demo``.
+"""The hfbridge command line: ``python -m hfbridge demo`` and ``python -m hfbridge doctor`` (`hfbridge.demo.doctor`).
 
 The demo needs no download: it loads the small model shipped in ``hfbridge.demo`` and runs a
 short session of Python, printing each statement (``>>> ...``) before running it, so every
@@ -219,6 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--explain-top", type=_non_negative, default=3,
                       help="tokens per stage in the explain_step table; 0 skips the table (default: %(default)s)")
     demo.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (default: %(default)s)")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that hfbridge gives transformers' own tokens on the installed versions (offline, seconds)",
+        description="Print the Python, torch, transformers and hfbridge versions, then check on tiny random GPT-2 and\n"
+        "Llama models (built offline, fixed seed) that hfbridge.generate returns the tokens of transformers'\n"
+        "own model.generate for greedy, sampling, beam search, beam sampling, assisted decoding and prompt\n"
+        "lookup, with the model as a plain callable, a ReturnsCache model and the PreTrainedModel itself.\n"
+        "Exit status 1 when any check differs or raises. Run it after upgrading transformers.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    doctor.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (default: %(default)s)")
     return parser
 
 
@@ -228,6 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         return run_demo(args)
+    if args.command == "doctor":
+        from hfbridge.demo.doctor import run_doctor
+
+        return run_doctor(threads=args.threads)
     parser.print_help()
     return 0
 
