@@ -26,7 +26,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hfbridge import Recompute, generate  # noqa: E402
+from hfbridge import Recompute, generate
 
 PROMPT, NEW, VOCAB = 32, 48, 50257
 

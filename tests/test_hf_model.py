@@ -12,13 +12,14 @@ import warnings
 
 import pytest
 import torch
-from _tiny_models import VOCAB, model_cache, tiny_llama
 from transformers import GenerationConfig
 
 import hfbridge
 from hfbridge import Recompute, generate
 from hfbridge._models.adapters import as_adapter
 from hfbridge._models.hf_model import HFModel
+
+from _tiny_models import VOCAB, model_cache, tiny_llama
 
 _model = model_cache()
 

@@ -21,7 +21,7 @@ True
 >>> sorted(step_inputs(model, torch.tensor([[1, 2, 3]]), cache=None, fed=0, attention_mask=None, keep=1,
 ...                    model_inputs={}))[:1]
 ['input_ids']
-"""
+"""  # noqa: E501 (the table rows)
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ Beam search reorders and assisted decoding crops the HF cache (`hfbridge._models
 >>> from hfbridge import generate
 >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
 <torch._C.Generator object at ...>
->>> model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=1)).eval()
+>>> config = GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=15)
+>>> model = GPT2LMHeadModel(config).eval()
 >>> prompt = torch.tensor([[1, 2, 3]])
 >>> torch.equal(generate(model, prompt, max_new_tokens=4), model.generate(prompt, max_new_tokens=4))
 True
@@ -68,12 +69,13 @@ class HFModel(ModelAdapter):
     >>> import torch
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> from hfbridge import generate
-    >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=16, n_embd=8, n_layer=1, n_head=1))
-    >>> generate(HFModel(model.eval()), torch.tensor([[1, 2]]), max_new_tokens=3).shape
+    >>> config = GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=15)
+    >>> generate(HFModel(GPT2LMHeadModel(config).eval()), torch.tensor([[1, 2]]), max_new_tokens=3).shape
     torch.Size([1, 5])
     """
 
-    reserved = ("past_key_values", "cache", "cache_position", "logits_to_keep", "num_logits_to_keep")
+    # Inputs HF's `generate` makes and advances itself at every step (position ids from the mask).
+    reserved = ("past_key_values", "cache", "cache_position", "logits_to_keep", "num_logits_to_keep", "position_ids")
 
     def __init__(self, model: Any):
         if not is_hf_model(model):
@@ -87,12 +89,13 @@ class HFModel(ModelAdapter):
                 "hfbridge.generate decodes decoder-only models (use the model's own generate)."
             )
         super().__init__(model)
+        self.hf: Any = model  # typed as the PreTrainedModel it is
 
     def host(self, device: torch.device) -> ProcessorHost:
         """A host for HF's helpers whose `config` and `generation_config` are the model's, as in `model.generate`."""
         host = ProcessorHost(device=device)
-        host.config = self.model.config
-        host.generation_config = self.model.generation_config
+        host.config = self.hf.config
+        host.generation_config = self.hf.generation_config
         return host
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -112,7 +115,7 @@ class HFModel(ModelAdapter):
         """
         mask = state["attention_mask"]  # [N, T]
         state[_USE_CACHE] = config.use_cache is not False
-        state[_CACHE] = first_cache(self.model, config, batch=prompts, max_length=config.max_length,
+        state[_CACHE] = first_cache(self.hf, config, batch=prompts, max_length=config.max_length,
                                     device=mask.device)
         state[_KEEP] = "fed" if assisted else 1
         state[_MASK] = not drops_full_mask() or bool((mask == 0).any())
@@ -121,7 +124,7 @@ class HFModel(ModelAdapter):
     def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
         fed = state[_FED]
         keep = input_ids.shape[1] - fed if state[_KEEP] == "fed" else state[_KEEP]
-        inputs = step_inputs(self.model, input_ids, cache=state[_CACHE], fed=fed,
+        inputs = step_inputs(self.hf, input_ids, cache=state[_CACHE], fed=fed,
                              attention_mask=state["attention_mask"] if state[_MASK] else None, keep=keep,
                              model_inputs=self.model_inputs(state), use_cache=state[_USE_CACHE])
         return self.model(**inputs, return_dict=True)

@@ -249,9 +249,9 @@ def run_doctor(out: TextIO | None = None, *, threads: int = 1) -> int:
         print(f"{check.status}  {check.name}: {check.detail}", file=out)
     seconds = time.perf_counter() - start
     if failed:
-        print(f"\n{len(failed)} of {len(done)} checks FAILED ({seconds:.1f}s): on these versions hfbridge does not give "
-              "transformers' tokens for the checks named above. Use a transformers release that passes (the README lists the "
-              "tested ones) and report this output to hfbridge.", file=out)
+        print(f"\n{len(failed)} of {len(done)} checks FAILED ({seconds:.1f}s): on these versions hfbridge does not "
+              "give transformers' tokens for the checks named above. Use a transformers release that passes (the "
+              "README lists the tested ones) and report this output to hfbridge.", file=out)
         return 1
     print(f"\nall {len(done) - len(skipped)} checks passed ({seconds:.1f}s).", file=out)
     return 0
