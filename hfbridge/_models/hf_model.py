@@ -69,7 +69,7 @@ class HFModel(ModelAdapter):
     >>> import torch
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> from hfbridge import generate
-    >>> config = GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=15)
+    >>> config = GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1, bos_token_id=0, eos_token_id=9)
     >>> generate(HFModel(GPT2LMHeadModel(config).eval()), torch.tensor([[1, 2]]), max_new_tokens=3).shape
     torch.Size([1, 5])
     """
