@@ -2,25 +2,26 @@
 
 `model.generate` builds the model's keyword arguments with private helpers whose names and
 signatures change between releases. Everything hfbridge relies on to call a `PreTrainedModel` the
-way its own `generate` does goes through this module:
+way its own `generate` does goes through this module, and runs HF's own helper wherever one exists:
 
 | what | used as | versions | hfbridge on each side |
 | --- | --- | --- | --- |
-| the cache's name in `forward`, `prepare_inputs_for_generation` and the output | `cache_name`, `output_cache` | `past_key_values` up to 5.23, `cache` from 5.24 | read from `forward`'s signature; the output read under both names |
+| `_prepare_cache_for_generation` (the first cache, under the name the model takes) | `first_cache` | 4.42+ (`assistant_model`/`device` in 4.x, `generation_mode` in 5.x) | called with the parameters its signature names; absent: no first cache |
+| `_update_model_kwargs_for_generation` (which output carries the cache, under which input name: `past_key_values` up to 5.23, `cache` from 5.24, `cache_params`, `state`) | `carried_cache` | every version (4.x also advances `cache_position`) | called on each output; only the cache entries are kept |
 | `logits_to_keep=1` (`num_logits_to_keep` in 4.46) | `keep_logits_name` | 4.45+ | passed only when `forward` names it |
-| `_prepare_cache_for_generation` (the first cache) | `first_cache` | 4.42+ (its parameters change: `assistant_model`/`device` in 4.x, `generation_mode` in 5.x) | called with the parameters its signature names; a missing helper: no cache passed, the model makes its own |
 | `_prepare_position_ids_for_generation` | `step_inputs` | 5.x (4.x makes them in `prepare_inputs_for_generation`) | called when it exists |
 | `prepare_inputs_for_generation` (`cache_position` in 4.x, `next_sequence_length` and `is_first_iteration` in 5.x) | `step_inputs` | every version | each passed when its signature names it |
-| an all-ones mask is dropped before the loop | `step_inputs` | 5.x | the mask is passed as `None` when the prompts have no padding |
+| an all-ones mask is dropped before the loop | `drops_full_mask` | 5.x | the mask is passed as `None` when the prompts have no padding |
 
 >>> import torch
 >>> from transformers import GPT2Config, GPT2LMHeadModel
 >>> model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1)).eval()
->>> cache_name(model) in ("past_key_values", "cache")
+>>> inputs = step_inputs(model, torch.tensor([[1, 2, 3]]), cache={}, fed=0, attention_mask=None, keep=1,
+...                      model_inputs={})
+>>> inputs["input_ids"].tolist()
+[[1, 2, 3]]
+>>> list(carried_cache(model, model(**inputs)))[0] in ("past_key_values", "cache")
 True
->>> sorted(step_inputs(model, torch.tensor([[1, 2, 3]]), cache=None, fed=0, attention_mask=None, keep=1,
-...                    model_inputs={}))[:1]
-['input_ids']
 """  # noqa: E501 (the table rows)
 
 from __future__ import annotations
@@ -33,11 +34,7 @@ import torch
 
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
 
-__all__ = ["CACHE_NAMES", "cache_name", "drops_full_mask", "first_cache", "keep_logits_name", "output_cache",
-           "step_inputs"]
-
-#: Names transformers has given the decoder's cache (newest first).
-CACHE_NAMES = ("cache", "past_key_values")
+__all__ = ["carried_cache", "drops_full_mask", "first_cache", "keep_logits_name", "step_inputs"]
 
 
 @functools.cache
@@ -52,23 +49,6 @@ def _forward_parameters(model: Any) -> frozenset[str]:
     return _parameters(type(model).forward)
 
 
-def cache_name(model: Any) -> str:
-    """The name under which `model.forward` takes its cache: `cache` (transformers 5.24+) or `past_key_values`."""
-    parameters = _forward_parameters(model)
-    if "cache" in parameters and "past_key_values" not in parameters:
-        return "cache"
-    return "past_key_values"
-
-
-def output_cache(outputs: Any) -> Any:
-    """The cache a model returned (its `cache` or `past_key_values` field), or None."""
-    for name in CACHE_NAMES:
-        value = outputs.get(name) if hasattr(outputs, "get") else getattr(outputs, name, None)
-        if value is not None:
-            return value
-    return None
-
-
 def keep_logits_name(model: Any) -> str | None:
     """`logits_to_keep` or `num_logits_to_keep` (4.46), whichever `model.forward` takes, else None."""
     parameters = _forward_parameters(model)
@@ -78,8 +58,8 @@ def keep_logits_name(model: Any) -> str | None:
     return None
 
 
-def first_cache(model: Any, config: Any, *, batch: int, max_length: int, device: torch.device) -> Any:
-    """The cache HF's `generate` would create before the first call (`_prepare_cache_for_generation`), or None.
+def first_cache(model: Any, config: Any, *, batch: int, max_length: int, device: torch.device) -> dict[str, Any]:
+    """The cache HF's `generate` creates before the first call (`_prepare_cache_for_generation`), by input name.
 
     Args:
         model: The `PreTrainedModel`.
@@ -87,10 +67,14 @@ def first_cache(model: Any, config: Any, *, batch: int, max_length: int, device:
         batch: Prompts in the call, before `num_beams` / `num_return_sequences` expansion (HF's `batch_size`).
         max_length: The call's `max_length`; HF sizes a static cache to `max_length - 1`.
         device: The device of the prompts.
+
+    Returns:
+        `{name: cache}` (e.g. `{"past_key_values": DynamicCache}`), or `{}` where HF's `generate`
+        creates none (the model then makes its own on the first call).
     """
     prepare = getattr(model, "_prepare_cache_for_generation", None)
     if prepare is None or config.use_cache is False:
-        return None
+        return {}
     values: dict[str, Any] = {"generation_config": config, "assistant_model": None, "batch_size": batch,
                               "max_cache_length": max_length - 1, "device": device}
     parameters = _parameters(type(model)._prepare_cache_for_generation)
@@ -98,17 +82,36 @@ def first_cache(model: Any, config: Any, *, batch: int, max_length: int, device:
         values["generation_mode"] = config.get_generation_mode()
     model_kwargs: dict[str, Any] = {}
     prepare(model_kwargs=model_kwargs, **{name: value for name, value in values.items() if name in parameters})
-    return next((model_kwargs[name] for name in CACHE_NAMES if model_kwargs.get(name) is not None), None)
+    return {name: value for name, value in model_kwargs.items() if value is not None}
 
 
-def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: Any, fed: int, attention_mask: torch.Tensor | None,
-                keep: int | None, model_inputs: dict[str, Any], use_cache: bool = True) -> dict[str, Any]:
+_ZERO = torch.zeros(1, dtype=torch.long)
+
+
+def carried_cache(model: Any, outputs: Any) -> dict[str, Any]:
+    """The cache the model's `generate` carries from `outputs` to the next call, by input name.
+
+    HF's own `_update_model_kwargs_for_generation` decides which output field is the cache and the
+    name it goes back under (`past_key_values`, `cache` from 5.24, `cache_params`, `state`, ...).
+    Returns `{}` when the model returned no cache.
+    """
+    # transformers 4.x advances `cache_position` there (and needs one); `step_inputs` makes it afresh.
+    scratch: dict[str, Any] = {"use_cache": True, "cache_position": _ZERO}
+    updated = model._update_model_kwargs_for_generation(outputs, scratch, is_encoder_decoder=False)
+    return {name: value for name, value in updated.items()
+            if name not in ("use_cache", "cache_position") and value is not None}
+
+
+def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: dict[str, Any], fed: int,
+                attention_mask: torch.Tensor | None, keep: int | None, model_inputs: dict[str, Any],
+                use_cache: bool = True) -> dict[str, Any]:
     """The keyword arguments of one `model(...)` call, made by the model's own `prepare_inputs_for_generation`.
 
     Args:
         model: The `PreTrainedModel`.
         input_ids: The whole sequence so far, `(batch, seq)`.
-        cache: The model's cache, holding the first `fed` positions (None: nothing cached).
+        cache: The model's cache entries by input name (`first_cache`, `carried_cache`), holding the
+            first `fed` positions (`{}`: nothing cached).
         fed: Positions the cache holds; the call feeds `input_ids[:, fed:]`.
         attention_mask: `(batch, seq)` mask of the whole sequence, or None where HF's `generate`
             dropped an all-ones mask (5.x).
@@ -118,15 +121,13 @@ def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: Any, fed: int, at
         use_cache: False for `use_cache=False` (every call feeds the whole sequence, `fed` is 0).
     """
     new = input_ids.shape[1] - fed
-    kwargs: dict[str, Any] = {**model_inputs, "use_cache": use_cache, cache_name(model): cache}
-    kwargs["attention_mask"] = attention_mask
+    kwargs: dict[str, Any] = {**model_inputs, "use_cache": use_cache, **cache, "attention_mask": attention_mask}
     keep_name = keep_logits_name(model)
     if keep_name is not None and keep is not None:
         kwargs[keep_name] = keep
     prepare = type(model).prepare_inputs_for_generation
     parameters = _parameters(prepare)
-    if "position_ids" in _forward_parameters(model) and "position_ids" not in model_inputs \
-            and hasattr(model, "_prepare_position_ids_for_generation"):
+    if "position_ids" in _forward_parameters(model) and hasattr(model, "_prepare_position_ids_for_generation"):
         # transformers 5: `generate` makes the position ids of the whole prompt from the mask before
         # the loop and extends them by one per token; the same values, from the whole mask.
         full = attention_mask if attention_mask is not None else torch.ones_like(input_ids)

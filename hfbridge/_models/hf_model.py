@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from hfbridge._hf.host import ProcessorHost
-from hfbridge._hf.model_inputs import drops_full_mask, first_cache, output_cache, step_inputs
+from hfbridge._hf.model_inputs import carried_cache, drops_full_mask, first_cache, step_inputs
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.cache import crop_cache, reorder_cache
 
@@ -41,7 +41,7 @@ __all__ = ["HFModel", "is_hf_model"]
 
 # The adapter's own state entries (see `ModelAdapter`).
 _FED = "_fed"  # positions the cache holds
-_CACHE = "_cache"  # the model's cache
+_CACHE = "_cache"  # the model's cache entries by input name ({"past_key_values": DynamicCache})
 _KEEP = "_keep"  # logits_to_keep: 1, or "fed" (every fed position: assisted decoding)
 _MASK = "_mask"  # pass the attention mask (False where HF drops an all-ones one)
 _USE_CACHE = "_use_cache"
@@ -101,7 +101,7 @@ class HFModel(ModelAdapter):
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
         state = super().start(input_ids, attention_mask, model_inputs)
-        state.update({_CACHE: None, _KEEP: "fed", _MASK: True, _USE_CACHE: True})
+        state.update({_CACHE: {}, _KEEP: "fed", _MASK: True, _USE_CACHE: True})
         return state
 
     def begin(self, state: dict[str, Any], config: Any, *, prompts: int, assisted: bool) -> dict[str, Any]:
@@ -131,22 +131,24 @@ class HFModel(ModelAdapter):
 
     def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
         if state[_USE_CACHE]:
-            state[_CACHE] = output_cache(outputs)
-            state[_FED] = input_ids.shape[1]
+            state[_CACHE] = carried_cache(self.hf, outputs)
+            # a model that returned no cache HF knows of is fed the whole sequence again (correct, slower)
+            state[_FED] = input_ids.shape[1] if state[_CACHE] else 0
         return state
 
     def logits(self, outputs: Any) -> Any:
         return outputs.logits
 
     def cache(self, state: dict[str, Any]) -> Any:
-        return state.get(_CACHE)
+        return next(iter(state.get(_CACHE, {}).values()), None)
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
-        state[_CACHE] = reorder_cache(state[_CACHE], beam_idx)
+        state[_CACHE] = {name: reorder_cache(value, beam_idx) for name, value in state[_CACHE].items()}
         return state
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
         if length < state.get(_FED, 0):
-            state[_CACHE] = crop_cache(state[_CACHE], length, cached=state[_FED])
+            state[_CACHE] = {name: crop_cache(value, length, cached=state[_FED])
+                             for name, value in state[_CACHE].items()}
             state[_FED] = length
         return state
