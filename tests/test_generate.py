@@ -645,14 +645,16 @@ def test_docstring_examples(module):
     assert result.failed == 0 and result.attempted > 0
 
 
-def test_an_hf_model_itself_is_a_plain_callable():
-    """`model(input_ids, attention_mask=...)` returning a `ModelOutput`: its `.logits` are used."""
+def test_an_hf_model_itself():
+    """A `PreTrainedModel` passed as it is gets the `HFModel` adapter (tests/test_hf_model.py); with
+    `Recompute` it is a plain callable returning a `ModelOutput`, whose `.logits` are used."""
     hf = tiny_gpt2()
     prompt = torch.tensor([[5, 9, 13, 2]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = hf.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False)
-    assert torch.equal(generate(hf, prompt, max_new_tokens=5), theirs)
+    assert torch.equal(generate(hf, prompt, max_new_tokens=5, use_cache=False), theirs)
+    assert torch.equal(generate(Recompute(hf), prompt, max_new_tokens=5), theirs)
 
 
 def test_other_logits_layouts():

@@ -74,6 +74,23 @@ def test_assisted_same_as_model_generate(name, strategy):
     assert torch.equal(ours, theirs)
 
 
+def test_more_options_same_as_model_generate():
+    hf = _model("llama")
+    prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3]])
+    cases = [dict(prompt_lookup_num_tokens=2, repetition_penalty=1.3, eos_token_id=VOCAB - 1, pad_token_id=0),
+             dict(do_sample=True, num_return_sequences=3, top_p=0.8, pad_token_id=0),
+             dict(do_sample=True, eos_token_id=[5, 7], pad_token_id=0, min_new_tokens=2)]
+    for options in cases:
+        ours, theirs = _both(hf, prompt, seed=2, max_new_tokens=8, **options)
+        assert torch.equal(ours, theirs), options
+    ours, theirs = _both(hf, PROMPTS, seed=2, attention_mask=MASK, max_new_tokens=5, do_sample=True, pad_token_id=0,
+                         return_dict_in_generate=True, output_scores=True, output_logits=True)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for field in ("scores", "logits"):
+        for mine, hfs in zip(getattr(ours, field), getattr(theirs, field), strict=True):
+            torch.testing.assert_close(mine, hfs)
+
+
 class _Calls:
     """The `input_ids` shape of every forward call of a model, from a forward pre-hook."""
 
