@@ -14,12 +14,13 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-import hfbridge
 from hfbridge import Recompute, generate
 from hfbridge._models.adapters import as_adapter
 from hfbridge._models.hf_model import HFModel
 
 from _tiny_models import VOCAB, model_cache, tiny_llama
+
+pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf")
 
 _model = model_cache()
 
@@ -203,5 +204,34 @@ def test_refused_models_and_inputs():
         generate(_model("gpt2"), PROMPTS, attention_mask=MASK, max_new_tokens=2, past_key_values=None)
 
 
-def test_is_public_through_generate_only():
-    assert "HFModel" not in hfbridge.__all__ or hfbridge.HFModel is HFModel
+# Other architectures: a sliding window (Mistral), ALiBi without position ids (Bloom), learned positions
+# offset by HF (OPT), a state cache under another name (Mamba's `cache_params`).
+ARCHITECTURES = {
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                            num_attention_heads=4, num_key_value_heads=2,
+                                                            max_position_embeddings=64, sliding_window=4)),
+    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=32, n_layer=2, n_head=4)),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                                                max_position_embeddings=64, word_embed_proj_dim=32)),
+    "mamba": ("MambaForCausalLM", "MambaConfig", dict(hidden_size=32, state_size=4, num_hidden_layers=2, expand=2,
+                                                      conv_kernel=2)),
+}
+ARCHITECTURE_OPTIONS = {"greedy": {}, "sampled": {"do_sample": True}, "beams": {"num_beams": 3},
+                        "prompt_lookup": {"prompt_lookup_num_tokens": 2}}
+
+
+@pytest.mark.parametrize("strategy", list(ARCHITECTURE_OPTIONS))
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_other_architectures(architecture, strategy):
+    import transformers
+
+    if architecture == "mamba" and strategy in ("beams", "prompt_lookup"):
+        pytest.skip("transformers' own beam search and assisted decoding do not follow a Mamba cache on every version")
+    model_class, config_class, sizes = ARCHITECTURES[architecture]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(vocab_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=0, **sizes)
+    model = getattr(transformers, model_class)(config).eval()
+    rows = 1 if strategy == "prompt_lookup" else 2
+    ours, theirs = _both(model, PROMPTS[1:1 + rows], seed=4, attention_mask=MASK[1:1 + rows], max_new_tokens=8,
+                         **ARCHITECTURE_OPTIONS[strategy])
+    assert torch.equal(ours, theirs)

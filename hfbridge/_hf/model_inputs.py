@@ -11,6 +11,7 @@ way its own `generate` does goes through this module, and runs HF's own helper w
 | `logits_to_keep=1` (`num_logits_to_keep` in 4.46) | `keep_logits_name` | 4.45+ | passed only when `forward` names it |
 | `_prepare_position_ids_for_generation` | `step_inputs` | 5.x (4.x makes them in `prepare_inputs_for_generation`) | called when it exists |
 | `prepare_inputs_for_generation` (`cache_position` in 4.x, `next_sequence_length` and `is_first_iteration` in 5.x) | `step_inputs` | every version | each passed when its signature names it |
+| `Cache.activate_past_recording` (sliding-window and linear layers keep what a rollback needs) | `keep_for_rollback` | 5.x | called on the target's cache for assisted decoding, where it exists |
 | an all-ones mask is dropped before the loop | `drops_full_mask` | 5.x | the mask is passed as `None` when the prompts have no padding |
 
 >>> import torch
@@ -34,7 +35,8 @@ import torch
 
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
 
-__all__ = ["carried_cache", "drops_full_mask", "first_cache", "keep_logits_name", "step_inputs"]
+__all__ = ["carried_cache", "drops_full_mask", "first_cache", "keep_for_rollback", "keep_logits_name",
+           "step_inputs"]
 
 
 @functools.cache
@@ -100,6 +102,14 @@ def carried_cache(model: Any, outputs: Any) -> dict[str, Any]:
     updated = model._update_model_kwargs_for_generation(outputs, scratch, is_encoder_decoder=False)
     return {name: value for name, value in updated.items()
             if name not in ("use_cache", "cache_position") and value is not None}
+
+
+def keep_for_rollback(cache: dict[str, Any]) -> None:
+    """Make the caches keep what assisted decoding's rollback needs, as HF's `_assisted_decoding` does (5.x)."""
+    for value in cache.values():
+        activate = getattr(value, "activate_past_recording", None)
+        if callable(activate):
+            activate()
 
 
 def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: dict[str, Any], fed: int,

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from hfbridge._hf.host import ProcessorHost
-from hfbridge._hf.model_inputs import carried_cache, drops_full_mask, first_cache, step_inputs
+from hfbridge._hf.model_inputs import carried_cache, drops_full_mask, first_cache, keep_for_rollback, step_inputs
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.cache import crop_cache, reorder_cache
 
@@ -118,6 +118,8 @@ class HFModel(ModelAdapter):
         state[_CACHE] = first_cache(self.hf, config, batch=prompts, max_length=config.max_length,
                                     device=mask.device)
         state[_KEEP] = "fed" if assisted else 1
+        if assisted:
+            keep_for_rollback(state[_CACHE])
         state[_MASK] = not drops_full_mask() or bool((mask == 0).any())
         return state
 
@@ -143,7 +145,7 @@ class HFModel(ModelAdapter):
         return next(iter(state.get(_CACHE, {}).values()), None)
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
-        state[_CACHE] = {name: reorder_cache(value, beam_idx) for name, value in state[_CACHE].items()}
+        state[_CACHE] = {name: _reordered(value, beam_idx) for name, value in state[_CACHE].items()}
         return state
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
@@ -152,3 +154,12 @@ class HFModel(ModelAdapter):
                              for name, value in state[_CACHE].items()}
             state[_FED] = length
         return state
+
+
+def _reordered(cache: Any, beam_idx: torch.Tensor) -> Any:
+    """As HF's beam search: a cache with its own `reorder_cache` (HF `Cache`s, 4.x's `MambaCache`) reorders
+    itself; tuples of batch-first tensors (4.x's legacy caches) are rebuilt by `reorder_cache`."""
+    if not isinstance(cache, (tuple, list, dict, torch.Tensor)) and callable(getattr(cache, "reorder_cache", None)):
+        cache.reorder_cache(beam_idx)
+        return cache
+    return reorder_cache(cache, beam_idx)
