@@ -314,8 +314,11 @@ class ReturnsCache(ModelAdapter):
         self.crop_hook = checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
-        reorder = self.reorder_hook if self.reorder_hook is not None else _reorder
-        state[_CACHE] = reorder(state[_CACHE], beam_idx)
+        if self.reorder_hook is None:
+            state[_CACHE] = _reorder(state[_CACHE], beam_idx)
+            return state
+        state[_CACHE] = hook_result(self.reorder_hook(state[_CACHE], beam_idx), state[_CACHE], "reorder_cache",
+                                    "reorder_cache(cache, beam_idx) -> cache")
         return state
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -349,11 +352,36 @@ class ReturnsCache(ModelAdapter):
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
         if length < state[_FED]:
             if self.crop_hook is not None:
-                state[_CACHE] = self.crop_hook(state[_CACHE], length)
+                state[_CACHE] = hook_result(self.crop_hook(state[_CACHE], length), state[_CACHE], "crop_cache",
+                                            "crop_cache(cache, length) -> cache")
             else:
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length
         return state
+
+
+def hook_result(result: Any, cache: Any, name: str, contract: str) -> Any:
+    """`result`, the cache a hook returned, unless it is None for a cache that was not.
+
+    The model reads a `None` cache as "nothing seen yet" and would restart from the new tokens
+    alone: wrong tokens, no error. A hook that edits the cache in place and forgets `return`
+    gives exactly that.
+    """
+    if result is None and cache is not None:
+        raise AdapterTypeError(
+            f"the {name} hook returned None for a cache of type {type(cache).__name__}; it must return the cache, "
+            f"`{contract}` (a hook that edits the cache in place still ends with `return cache`)."
+        )
+    return result
+
+
+def checked_state(state: Any, adapter: ModelAdapter, method: str) -> dict[str, Any]:
+    """`state` if `adapter.method(...)` returned a state dict, else an `AdapterTypeError` saying so."""
+    if not isinstance(state, dict):
+        raise AdapterTypeError(
+            f"{type(adapter).__name__}.{method} must return the state dict, got {describe(state)}."
+        )
+    return state
 
 
 def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:

@@ -37,7 +37,7 @@ from hfbridge._generate.call import prepare as _prepare
 from hfbridge._generate.hf_loops.host import LoopHost
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
-from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.adapters import AdapterTypeError, ModelAdapter, checked_state
 from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits
 
@@ -128,7 +128,7 @@ class TargetHost(LoopHost):
     def crop(self, length: int) -> None:
         """Forget every position from `length` on (the rejected draft tokens)."""
         if length < self.fed:
-            self.state = self.adapter.crop(self.state, length)
+            self.state = cropped(self.adapter, self.state, length, f"after step {self.step - 1}")
             self.fed = length
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -190,8 +190,16 @@ class DraftState:
 
     def crop(self, length: int) -> None:
         if length < self.fed:
-            self.state = self.adapter.crop(self.state, length)
+            self.state = cropped(self.adapter, self.state, length, "in the assistant model")
             self.fed = length
+
+
+def cropped(adapter: ModelAdapter, state: dict[str, Any], length: int, where: str) -> dict[str, Any]:
+    """`adapter.crop(state, length)`, its result checked; a hook's wrong result names `where` it happened."""
+    try:
+        return checked_state(adapter.crop(state, length), adapter, "crop")
+    except AdapterTypeError as error:
+        raise TypeError(f"generate(): {where}, rolling back rejected draft tokens: {error}") from None
 
 
 class DraftHost:
