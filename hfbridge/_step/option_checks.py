@@ -309,3 +309,18 @@ def check_strategy_options(config: Any) -> None:
     ValueError: `length_penalty` must be a finite number, got nan.
     """
     check_options({name: getattr(config, name, None) for name in STRATEGY_OPTIONS})
+
+
+def check_tokenizer(tokenizer: Any, name: str = "tokenizer") -> None:
+    """`TypeError` unless `tokenizer` is None or has the `decode` of a HF tokenizer.
+
+    >>> check_tokenizer("gpt2")
+    Traceback (most recent call last):
+    ...
+    TypeError: `tokenizer` must be a tokenizer object with a .decode method, got str 'gpt2'; load it first: AutoTokenizer.from_pretrained('gpt2').
+    """  # noqa: E501 (the doctest's output line)
+    if tokenizer is None or callable(getattr(tokenizer, "decode", None)):
+        return
+    hint = (f"; load it first: AutoTokenizer.from_pretrained({tokenizer!r})" if isinstance(tokenizer, str)
+            else " (a transformers tokenizer, e.g. AutoTokenizer.from_pretrained(...))")
+    raise TypeError(f"`{name}` must be a tokenizer object with a .decode method, got {_got(tokenizer)}{hint}.")

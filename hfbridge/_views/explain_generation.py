@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 import torch
 
 from hfbridge._generate.output import read_output, score_rows, stacked_rows
+from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._views import trace_view as _trace_view
 
 __all__ = ["Alternative", "GenerationTrace", "TokenStep", "explain_generation"]
@@ -206,6 +207,7 @@ def explain_generation(
     >>> step.token, round(step.prob, 4), step.possible
     (1, 0.8808, 2)
     """
+    check_tokenizer(tokenizer)
     sequences, scores, logits, beam_indices = read_output(output)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top: expected a positive int (alternatives per step), got {top!r}")

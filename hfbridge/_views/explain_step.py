@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList
 
+from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
@@ -251,6 +252,7 @@ def explain_step(
     >>> trace.stages[-1].possible
     2
     """
+    check_tokenizer(tokenizer)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top: expected a positive int (tokens to record per stage), got {top!r}")
     if isinstance(row, bool) or not isinstance(row, int):
