@@ -327,16 +327,20 @@ def _padding_flags(tokens: list[int], eos: set[int], pad: int | None) -> list[bo
     """Which positions are the filler `generate` puts in a finished row while other rows go on.
 
     After the row's first eos, the filler is one repeated token; varied tokens after an eos mean
-    that it did not stop the row (it was no stopping criterion), so they were generated. A row
-    stopped another way (a stop string, a custom criterion) ends in a run of the pad token. The
-    first token is always generated.
+    that it did not stop the row (it was no stopping criterion), so they were generated. The eos
+    itself was generated, also when it is the row's last token and when the pad token is the eos
+    (GPT-2's usual setup). A row stopped another way (a stop string, a custom criterion) ends in a
+    run of the pad token; when that token is an eos, the run's first one is read as the eos that
+    ended the row. The first token is always generated.
     """
     first = next((t for t, token in enumerate(tokens) if token in eos), None)
-    if first is not None and len(set(tokens[first + 1:])) == 1:
+    if first is not None and len(set(tokens[first + 1:])) <= 1:
         return [t > first for t in range(len(tokens))]
     run = 0
     while pad is not None and run < len(tokens) - 1 and tokens[-1 - run] == pad:
         run += 1
+    if run and pad in eos:
+        run -= 1  # the first of the run is the eos that finished the row
     return [t >= len(tokens) - run for t in range(len(tokens))]
 
 

@@ -173,6 +173,7 @@ def assisted_decode(adapter: ModelAdapter, *, sequences: torch.Tensor, mask: tor
         assistant_host = DraftHost(assistant, device=sequences.device, generation_config=assistant_config(config),
                                    layout=layout, vocab_size=vocab_size)
     host.draft, host.do_sample = assistant_host, bool(config.do_sample)
+    host.probe_vocab = lambda: _probe_vocab(adapter, sequences, mask, model_inputs, layout)  # only after an error
     if vocab_size is not None:
         host.config.vocab_size = vocab_size
     elif config.prompt_lookup_num_tokens is not None and len(processors) > 0 and _lookup_screens_candidates():

@@ -23,6 +23,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -123,6 +124,7 @@ class TargetHost(LoopHost):
         self.cache_handle = cast(Any, Rollback(self))  # in place of LoopHost's, which only reorders
         self.lookup: Any = None  # HF's prompt-lookup generator, when that is the strategy
         self.draft: DraftHost | None = None  # the assistant, when a draft model is the strategy
+        self.probe_vocab: Callable[[], int] | None = None  # the target's logits width from a call on the prompt
         self.do_sample = False
 
     def crop(self, length: int) -> None:
@@ -137,10 +139,15 @@ class TargetHost(LoopHost):
         step, fed = self.step, input_ids.shape[1] - self.fed
         self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
             input_ids.shape)
-        outputs, self.state = forward_and_update(
-            self.adapter, input_ids, self.state, step,
-            f"{input_ids.shape[1]} tokens so far, {fed} of them fed in this call",
-            check=self.adapter.check_crop if step == 0 else None)
+        try:
+            outputs, self.state = forward_and_update(
+                self.adapter, input_ids, self.state, step,
+                f"{input_ids.shape[1]} tokens so far, {fed} of them fed in this call",
+                check=self.adapter.check_crop if step == 0 else None)
+        except Exception as error:
+            if step == 0:
+                self._check_draft_vocab(error)  # a draft token past the target's vocabulary fails inside it
+            raise
         logits = at_step(step, lambda: fed_logits(
             extract_logits(self.adapter.logits(outputs)), layout=self.sampler.layout,
             vocab_size=self.sampler.vocab_size, rows=input_ids.shape[0], fed=fed, role="target"))
@@ -161,13 +168,31 @@ class TargetHost(LoopHost):
             )
         if self.lookup is not None:
             self.lookup.vocab_size = self.vocab
+        self._check_draft_vocab()
+
+    def _check_draft_vocab(self, error: Exception | None = None) -> None:
+        """Refuse an assistant with another vocabulary, as HF's generate refuses one with another vocab_size.
+
+        After `error` (the target's first call failed), the target's width is read from one call on
+        the prompt alone: a draft with a larger vocabulary proposes ids the target cannot embed.
+        """
         draft_vocab = None if self.draft is None else self.draft.vocab
-        if self.do_sample and draft_vocab is not None and draft_vocab != self.vocab:
-            raise ValueError(
-                f"generate(): the assistant's logits have {draft_vocab} vocabulary columns and the target's "
-                f"{self.vocab}; speculative sampling compares their distributions token by token, so both must "
-                "cover the same vocabulary (pass vocab_size= to drop padded columns)."
-            )
+        vocab = self.vocab
+        if error is not None and draft_vocab is not None and self.probe_vocab is not None:
+            try:
+                vocab = self.probe_vocab()
+            except Exception:  # the prompt alone fails too: the error is the model's own
+                return
+        if draft_vocab is None or vocab is None or draft_vocab == vocab:
+            return
+        why = ("speculative sampling compares their distributions token by token, so both must cover the same "
+               "vocabulary" if self.do_sample else
+               "the target checks the draft's token ids, so both must have one vocabulary (HF's generate refuses "
+               "an assistant with another vocab_size)")
+        raise ValueError(
+            f"generate(): the assistant's logits have {draft_vocab} vocabulary columns and the target's {vocab}; "
+            f"{why} (pass vocab_size= to drop padded columns)."
+        ) from error
 
     def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
         generator: Any = GenerationMixin._get_candidate_generator(cast(Any, self), *args, **kwargs)  # HF's choice
