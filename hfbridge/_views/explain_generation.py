@@ -16,6 +16,7 @@ import torch
 
 from hfbridge._generate.output import read_output, score_rows, stacked_rows
 from hfbridge._step.option_checks import check_tokenizer
+from hfbridge._views import trace_html as _trace_html
 from hfbridge._views import trace_view as _trace_view
 
 __all__ = ["Alternative", "GenerationTrace", "TokenStep", "explain_generation"]
@@ -138,10 +139,20 @@ class GenerationTrace:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return _trace_view.html_fragment(self)
+        return _trace_html.html_fragment(self)
 
-    def to_html(self) -> str:
-        """A standalone HTML page (its own stylesheet): the same look as in Jupyter, anywhere.
+    def html(self, *, table: str = "uncertain") -> str:
+        """The HTML fragment Jupyter shows, with the table of your choice.
+
+        Args:
+            table: ``"uncertain"``: the steps whose token had p < 0.5 or was not the most likely
+                (at most 200, the least likely); ``"all"``: every step; ``"none"``: no table.
+                Default: ``"uncertain"``.
+        """
+        return _trace_html.html_fragment(self, table)
+
+    def to_html(self, *, table: str = "uncertain") -> str:
+        """A standalone HTML page (its own stylesheet): the same look as in Jupyter, anywhere (``table``: see `html`).
 
         >>> import torch
         >>> from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -149,13 +160,14 @@ class GenerationTrace:
         >>> explain_generation(out).to_html().startswith("<!DOCTYPE html>")
         True
         """
-        return _trace_view.html_page(self)
+        return _trace_html.html_page(self, table)
 
     def plot(self, *, ax: Any = None) -> Any:
         """The chosen token's probability (top) and the entropy (bottom) at every step.
 
         With the model's own distribution available, its values are drawn beside the processed
-        ones. Padding steps are shaded.
+        ones. Padding steps are shaded. From 300 steps on, bars would be a wall: each step is a
+        faint dot, a rolling mean a line, and tokens with p < 0.1 are marked.
 
         Args:
             ax: Two matplotlib ``Axes`` (probability, entropy) to draw into. Default: a new figure.
