@@ -29,7 +29,7 @@ _CELL = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;vertical-ali
 
 def step_html(trace: StepTrace) -> str:
     """The trace as one `<div>` with inline styles (what Jupyter shows)."""
-    from hfbridge._views.explain_step import format_score, params_text
+    from hfbridge._views.explain_step import params_text
 
     head = [el("th", "", style=f"{CARD}")]
     for number, stage in enumerate(trace.stages):
@@ -58,7 +58,6 @@ def step_html(trace: StepTrace) -> str:
                 "td",
                 el("code", trace.token_label(token_id), style=f"font-family:{MONO};white-space:pre"),
                 f" {prob:.3f}", bar,
-                el("span", f" ({format_score(score)})", style=f"color:{MUTED};font-size:80%;font-weight:normal"),
                 title=f"id {token_id}, score {score:.4f}", style=style))
         body.append(el("tr", *cells, style=f"background:{row};color:{TEXT}"))
     for title, values in (("possible", [str(s.possible) for s in trace.stages]),
@@ -69,7 +68,8 @@ def step_html(trace: StepTrace) -> str:
     return el(
         "div",
         el("b", f"explain_step: {trace.summary()}"), el("br"),
-        el("span", "each cell: token, probability (bar), (score); the chosen token is highlighted",
+        el("span", "each cell: token and probability (bar); hover a cell for the token's id and score; the chosen "
+                   "token is highlighted",
            style=f"font-size:85%;color:{MUTED}"),
         _table(head, body),
         class_="hfbridge-step",

@@ -27,14 +27,14 @@ __all__ = ["TABLES", "html_fragment", "html_page", "shown_steps"]
 TABLES = ("uncertain", "all", "none")
 UNCERTAIN_P = 0.5  # a step is uncertain when its token had p below this, or was not the most likely
 MAX_ROWS = 200  # the uncertain table keeps at most this many steps (the least likely ones)
-LONG = 300  # from this many steps on, tooltips keep 3 alternatives (the page grows gently)
+LONG = 300  # from this many steps on, tooltips keep 2 alternatives (the page grows gently)
 
 _PADDING_STYLE = (f"font-family:{MONO};font-size:11px;color:{MUTED};background:#f6f8fa;border:1px dashed #8c959f;"
                   "border-radius:3px;padding:0 4px;margin-left:4px;white-space:nowrap")
 _PADDING_BACKGROUND = "#e1e4e8"
 _CHIP_STYLE = f"font-family:{MONO};font-size:11px;border:1px solid #8c959f;border-radius:3px;padding:0 3px"
 # Token boundaries: an underline alternating between two greys (no glyph-like mark in the text).
-_EDGES = ("#8c959f", "#d0d7de")
+_EDGES = ("#8c959f", "#d0d7de")  # 1px: a boundary, not an underline that reads as a link
 _STRIPES = ("#ffffff", "#f6f8fa")
 
 
@@ -76,7 +76,7 @@ def _flowing_text(trace: GenerationTrace) -> Html:
         parts.append(el("span", " ".join(map(str, trace.prompt_ids)) + " ", title="prompt", style=f"color:{MUTED}"))
     generated = trace.generated
     padding = [step for step in trace.steps if step.padding]
-    alternatives = 3 if len(trace.steps) >= LONG else None
+    alternatives = 2 if len(trace.steps) >= LONG else None
     for index, step in enumerate(generated):
         parts.append(_token(trace, step, _EDGES[index % 2], alternatives))
     if padding:
@@ -92,7 +92,7 @@ def _flowing_text(trace: GenerationTrace) -> Html:
 
 def _token(trace: GenerationTrace, step: TokenStep, edge: str, alternatives: int | None) -> Html:
     attributes = {"data_step": step.step, "title": tooltip(trace, step, alternatives)}
-    base = f"background:{prob_colour(step.prob)};color:{TEXT};border-bottom:2px solid {edge}"
+    base = f"background:{prob_colour(step.prob)};color:{TEXT};border-bottom:1px solid {edge}"
     if step.text is None:  # no tokenizer: ids
         return join([el("span", step.token, **attributes,
                         style=f"{base};font-family:{MONO};font-size:12px;padding:0 2px"), " "])
