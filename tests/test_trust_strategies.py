@@ -10,8 +10,16 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from hfbridge import Hooks, ModelAdapter, Recompute, ReturnsCache, compute_transition_scores, explain_generation, \
-    explain_step, generate
+from hfbridge import (
+    Hooks,
+    ModelAdapter,
+    Recompute,
+    ReturnsCache,
+    compute_transition_scores,
+    explain_generation,
+    explain_step,
+    generate,
+)
 from hfbridge._models.cache import CacheTypeError
 
 from _tiny_models import TinyCached, TinyCore, TinyMasked, TinyRecompute, char_tokenizer

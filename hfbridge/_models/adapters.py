@@ -33,7 +33,15 @@ import torch
 
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
-from hfbridge._models.callables import AdapterTypeError, accepts, call_signature, checked_hook, describe, parameter_list
+from hfbridge._models.callables import (
+    AdapterTypeError,
+    accepts,
+    call_signature,
+    checked_hook,
+    describe,
+    hook_result,
+    parameter_list,
+)
 
 # Keys the built-in adapters keep in the state for themselves.
 _FED = "_fed"  # how many tokens of the sequence the model has already seen (its cache length)
@@ -358,30 +366,6 @@ class ReturnsCache(ModelAdapter):
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length
         return state
-
-
-def hook_result(result: Any, cache: Any, name: str, contract: str) -> Any:
-    """`result`, the cache a hook returned, unless it is None for a cache that was not.
-
-    The model reads a `None` cache as "nothing seen yet" and would restart from the new tokens
-    alone: wrong tokens, no error. A hook that edits the cache in place and forgets `return`
-    gives exactly that.
-    """
-    if result is None and cache is not None:
-        raise AdapterTypeError(
-            f"the {name} hook returned None for a cache of type {type(cache).__name__}; it must return the cache, "
-            f"`{contract}` (a hook that edits the cache in place still ends with `return cache`)."
-        )
-    return result
-
-
-def checked_state(state: Any, adapter: ModelAdapter, method: str) -> dict[str, Any]:
-    """`state` if `adapter.method(...)` returned a state dict, else an `AdapterTypeError` saying so."""
-    if not isinstance(state, dict):
-        raise AdapterTypeError(
-            f"{type(adapter).__name__}.{method} must return the state dict, got {describe(state)}."
-        )
-    return state
 
 
 def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:

@@ -273,7 +273,7 @@ def _check_real(name: str, value: Any, low: float | None = None, high: float | N
 
 
 def _check_early_stopping(name: str, value: Any) -> None:
-    if not (isinstance(value, bool) or value == "never" and isinstance(value, str)):
+    if not (isinstance(value, bool) or (value == "never" and isinstance(value, str))):
         raise TypeError(f"`{name}` must be True, False or \"never\", got {_got(value)}.")
 
 

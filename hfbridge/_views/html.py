@@ -18,8 +18,21 @@ import html
 import math
 from collections.abc import Iterable
 
-__all__ = ["CARD", "FONT", "FONT_STYLE", "Html", "MONO", "MUTED", "ROOT_STYLE", "TEXT", "el", "escape", "join", "page",
-           "prob_colour"]
+__all__ = [
+    "CARD",
+    "FONT",
+    "FONT_STYLE",
+    "MONO",
+    "MUTED",
+    "ROOT_STYLE",
+    "TEXT",
+    "Html",
+    "el",
+    "escape",
+    "join",
+    "page",
+    "prob_colour",
+]
 
 # System UI fonts first (what Jupyter itself uses), then common sans-serif fallbacks.
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif'

@@ -151,10 +151,11 @@ def shown_steps(trace: GenerationTrace, table: str) -> list[TokenStep]:
 
 def _table(trace: GenerationTrace, table: str) -> Html:
     cell = "text-align:left;padding:2px 8px;white-space:nowrap;vertical-align:top"
-    number = f"text-align:right;padding:2px 8px;white-space:nowrap;vertical-align:top;font-variant-numeric:tabular-nums"
+    number = "text-align:right;padding:2px 8px;white-space:nowrap;vertical-align:top;font-variant-numeric:tabular-nums"
     head = ["step", "token", "p"] + (["model p"] if trace.has_model else []) + ["rank", "possible", "entropy",
                                                                                  "alternatives (p)"]
-    header = [el("th", h, style=f"{cell if h in ('token', 'alternatives (p)') else number};font-weight:600") for h in head]
+    header = [el("th", h, style=f"{cell if h in ('token', 'alternatives (p)') else number};font-weight:600")
+              for h in head]
     steps = shown_steps(trace, table)
     body = []
     for index, step in enumerate(steps):

@@ -38,7 +38,8 @@ from hfbridge._generate.call import prepare as _prepare
 from hfbridge._generate.hf_loops.host import LoopHost
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
-from hfbridge._models.adapters import AdapterTypeError, ModelAdapter, checked_state
+from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
+from hfbridge._models.callables import checked_state
 from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits
 

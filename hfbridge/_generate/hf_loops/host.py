@@ -29,7 +29,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._hf.host import ProcessorHost
-from hfbridge._models.adapters import AdapterTypeError, ModelAdapter, checked_state
+from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
+from hfbridge._models.callables import checked_state
 from hfbridge._step.layout import Layout
 from hfbridge._step.processor_list import BadProcessorOutput
 from hfbridge._step.sampler import Sampler, extract_logits
