@@ -88,6 +88,19 @@ def test_assistant_crop_hook_returning_none_is_an_error():
         generate(TinyRecompute(core), PROMPT, assistant_model=draft, max_new_tokens=8)
 
 
+def test_returns_cache_model_returning_no_cache_is_an_error():
+    def forgetful(input_ids, cache):  # an HF model called without use_cache=True returns past_key_values=None
+        return torch.zeros(input_ids.shape[0], input_ids.shape[1], 8), None
+
+    for options in (dict(), BEAMS, dict(prompt_lookup_num_tokens=2)):
+        with pytest.raises(TypeError) as error:
+            generate(ReturnsCache(forgetful), PROMPT, max_new_tokens=3, **{k: v for k, v in options.items()
+                                                                            if k != "max_new_tokens"})
+        assert str(error.value) == (
+            "generate(): at step 0: a ReturnsCache model must return its cache, got (logits, None) after 4 tokens; "
+            "return the cache it built (an HF model: pass use_cache=True), or use Recompute for a model without one.")
+
+
 class _Forgetful(ModelAdapter):
     """A user adapter whose reorder_cache / crop forget to return the state."""
 

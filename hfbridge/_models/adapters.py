@@ -348,6 +348,13 @@ class ReturnsCache(ModelAdapter):
                 f"a ReturnsCache model must return a pair (logits, cache), got {describe(outputs)}; "
                 "return `logits, cache` (or use Recompute for a model that returns only logits)."
             )
+        if outputs[1] is None:
+            # the next call would feed the new token alone with cache=None: "nothing seen yet", wrong tokens
+            raise AdapterTypeError(
+                f"a ReturnsCache model must return its cache, got (logits, None) after {input_ids.shape[1]} tokens; "
+                "return the cache it built (an HF model: pass use_cache=True), or use Recompute for a model "
+                "without one."
+            )
         state[_CACHE] = outputs[1]
         return super().update(outputs, input_ids, state)
 
