@@ -146,7 +146,7 @@ class GenerationTrace:
 
         Args:
             table: ``"uncertain"``: the steps whose token had p < 0.5 or was not the most likely
-                (at most 200, the least likely); ``"all"``: every step; ``"none"``: no table.
+                (at most 100, the least likely); ``"all"``: every step; ``"none"``: no table.
                 Default: ``"uncertain"``.
         """
         return _trace_html.html_fragment(self, table)

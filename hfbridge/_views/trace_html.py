@@ -26,7 +26,7 @@ __all__ = ["TABLES", "html_fragment", "html_page", "shown_steps"]
 
 TABLES = ("uncertain", "all", "none")
 UNCERTAIN_P = 0.5  # a step is uncertain when its token had p below this, or was not the most likely
-MAX_ROWS = 200  # the uncertain table keeps at most this many steps (the least likely ones)
+MAX_ROWS = 100  # the uncertain table keeps at most this many steps (the least likely ones)
 LONG = 300  # from this many steps on, tooltips keep 2 alternatives (the page grows gently)
 
 _PADDING_STYLE = (f"font-family:{MONO};font-size:11px;color:{MUTED};background:#f6f8fa;border:1px dashed #8c959f;"
@@ -92,7 +92,10 @@ def _flowing_text(trace: GenerationTrace) -> Html:
 
 def _token(trace: GenerationTrace, step: TokenStep, edge: str, alternatives: int | None) -> Html:
     attributes = {"data_step": step.step, "title": tooltip(trace, step, alternatives)}
-    base = f"background:{prob_colour(step.prob)};color:{TEXT};border-bottom:1px solid {edge}"
+    colour = prob_colour(step.prob)
+    edge_style = f"border-bottom:1px solid {edge}"
+    # white is the card's own background: a confident token carries only its edge (a long page stays small)
+    base = edge_style if colour == "#ffffff" else f"background:{colour};color:{TEXT};{edge_style}"
     if step.text is None:  # no tokenizer: ids
         return join([el("span", step.token, **attributes,
                         style=f"{base};font-family:{MONO};font-size:12px;padding:0 2px"), " "])
@@ -171,7 +174,8 @@ def _table(trace: GenerationTrace, table: str) -> Html:
         if trace.has_model:
             cells.append(el("td", "" if step.model_prob is None else f"{step.model_prob:.3f}", style=number))
         cells += [el("td", step.rank, style=number), el("td", step.possible, style=number),
-                  el("td", f"{step.entropy:.2f}", style=number), el("td", _alternatives(trace, step), style=cell)]
+                  el("td", f"{step.entropy:.2f}", style=number),
+                  el("td", _alternatives(trace, step, 3 if len(trace.steps) >= LONG else None), style=cell)]
         body.append(el("tr", *cells, style=row_style))
     count = len(trace.steps)
     if table == "all":
@@ -187,9 +191,9 @@ def _table(trace: GenerationTrace, table: str) -> Html:
               style="margin-top:6px")
 
 
-def _alternatives(trace: GenerationTrace, step: TokenStep) -> Html:
+def _alternatives(trace: GenerationTrace, step: TokenStep, most: int | None = None) -> Html:
     items = []
-    for alternative in step.alternatives:
+    for alternative in step.alternatives[:most]:
         chosen = alternative.token == step.token
         bar = el("span", style=f"display:inline-block;height:0.65em;width:{max(1, round(28 * alternative.prob))}px;"
                                f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:3px")
