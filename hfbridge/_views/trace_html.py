@@ -85,9 +85,10 @@ def _flowing_text(trace: GenerationTrace) -> Html:
         why = "its beam finished" if trace.beams else "the row finished"
         parts.append(el("span", f"+ {count} × {label} padding: {why}", title=_padding_tooltip(padding),
                         style=_PADDING_STYLE))
+    scroll = "max-height:32em;overflow-y:auto;" if len(trace.steps) >= LONG else ""  # a long text scrolls in place
     return el("div", join(parts),
               style=f"font-size:15px;line-height:1.9;white-space:pre-wrap;overflow-wrap:anywhere;padding:6px 8px;"
-                    f"border:1px solid #eaeef2;border-radius:4px;{CARD}")
+                    f"border:1px solid #eaeef2;border-radius:4px;{scroll}{CARD}")
 
 
 def _token(trace: GenerationTrace, step: TokenStep, edge: str, alternatives: int | None) -> Html:
