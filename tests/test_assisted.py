@@ -466,14 +466,15 @@ def test_assisted_refusals(arguments, error, message):
     assert target.calls == draft.calls == 0
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (dict(prompt_lookup_num_tokens=0), r"`prompt_lookup_num_tokens` must be an int >= 1, got 0"),
-    (dict(prompt_lookup_num_tokens=True), r"`prompt_lookup_num_tokens` must be an int >= 1, got True"),
-    (dict(prompt_lookup_num_tokens=2, max_matching_ngram_size=0), r"`max_matching_ngram_size` must be an int >= 1"),
+@pytest.mark.parametrize(("options", "error", "message"), [
+    (dict(prompt_lookup_num_tokens=0), ValueError, r"`prompt_lookup_num_tokens` must be an int >= 1, got 0"),
+    (dict(prompt_lookup_num_tokens=True), TypeError, r"`prompt_lookup_num_tokens` must be an int >= 1, got bool True"),
+    (dict(prompt_lookup_num_tokens=2, max_matching_ngram_size=0), ValueError,
+     r"`max_matching_ngram_size` must be an int >= 1"),
 ])
-def test_prompt_lookup_refusals(options, message):
+def test_prompt_lookup_refusals(options, error, message):
     target = Successor()
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         generate(target, torch.tensor([[1, 2]]), max_new_tokens=3, **options)
     assert target.calls == 0
 

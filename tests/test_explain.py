@@ -148,7 +148,8 @@ def test_text_and_html_name_processors_and_chosen_token():
     assert f"token {trace.token} {chosen!r}" in text and "<- chosen" in text
     assert f"token {trace.token} {chosen!r}".replace("'", "&#x27;") in page
     assert "penalty=1.5" in text and "top_p=0.8" in page
-    assert page.startswith("<div>") and page.endswith("</table></div>") and page.count("<tr") == 1 + 5 + 2
+    assert page.startswith("<div class='hfbridge-step'") and page.endswith("</table></div>")
+    assert page.count("<tr") == 1 + 5 + 2
 
 
 def test_text_without_tokenizer_shows_ids():

@@ -25,7 +25,7 @@ from hfbridge._generate.strategies import check_strategy, is_assisted, is_beam
 from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.layout import Layout
-from hfbridge._step.option_checks import check_flag, check_options, did_you_mean
+from hfbridge._step.option_checks import check_flag, check_options, check_tokenizer, did_you_mean
 
 __all__ = ["check_config", "check_input_ids", "check_loop_options", "checked_arguments", "has_default_max_length",
            "split_kwargs"]
@@ -153,6 +153,7 @@ _UNSUPPORTED = {
 
 
 def check_config(config: GenerationConfig, tokenizer: Any, assistant_model: Any = None) -> None:
+    check_tokenizer(tokenizer)  # a name ("gpt2") instead of the tokenizer: said here, not as an AttributeError
     for name, (is_set, why) in _UNSUPPORTED.items():
         value = getattr(config, name, None)
         if is_set(value):

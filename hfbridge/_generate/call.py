@@ -52,6 +52,9 @@ class Call:
     expand: int  # num_return_sequences
     scores: tuple | None = None  # per step, when return_dict_in_generate and output_scores
     raw_logits: tuple | None = None  # per step, when return_dict_in_generate and output_logits
+    # The user's own processors, prefix_allowed_tokens_fn or stopping criteria run at every step:
+    # they may keep state, so the loop stops where HF stops (see `LoopOptions.check_every`).
+    user_code: bool = False
 
 
 def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
@@ -121,7 +124,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
                  prompts=batch, expand=expand,
                  scores=() if return_dict and config.output_scores else None,
-                 raw_logits=() if return_dict and config.output_logits else None)
+                 raw_logits=() if return_dict and config.output_logits else None,
+                 user_code=bool(processors) or prefix_allowed_tokens_fn is not None or bool(stopping_criteria))
 
 
 def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:

@@ -48,7 +48,10 @@ class LoopOptions:
         check_every: Read the finished and validity flags every this many steps (1: every step,
             as HF). Rows that finish meanwhile get `pad_token_id` as they would anyway, and the
             steps decoded after the last row finished are cut off: the tokens are the same for
-            every value; only up to `check_every - 1` extra model calls are made at the end.
+            every value; only up to `check_every - 1` extra model calls are made at the end. With
+            logits processors, a `prefix_allowed_tokens_fn` or stopping criteria of your own, the
+            flags are read at every step anyway: HF never calls them once every row has finished,
+            and they may keep state (a grammar matcher that has accepted its end).
         synced: Keep this rank in lockstep with the other ranks of `torch.distributed`.
     """
 
@@ -78,7 +81,9 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
                             synced=options.synced)
     # the step's logits are still at hand when its flags are read at the same step
-    explain_now = options.check_every == 1 or options.synced or streamer is not None
+    # user code (processors, criteria) must not run past the step where HF stops: read every step
+    read_every_step = streamer is not None or call.user_code
+    explain_now = options.check_every == 1 or options.synced or read_every_step
     new_column = call.mask.new_ones((rows_expected, 1))  # [N, 1]
     vocab = None
     step = 0
@@ -123,7 +128,7 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
             bar.update(1)
         try:
             # a streamer has waited for the tokens anyway: check every step so that it never sees more
-            stop = finished.after_step(call.sequences, call.scores, step=step, force_read=streamer is not None)
+            stop = finished.after_step(call.sequences, call.scores, step=step, force_read=read_every_step)
         except InvalidRows as bad:
             raise _invalid_error(bad, sampler, rows_expected) from None
         step += 1

@@ -89,6 +89,7 @@ def _check(sequences: Any, scores: Any, beam_indices: Any, normalize_logits: Any
                 f"`sequences` have {sequences.shape[0]} rows but each step of `scores` has {first.shape[0]}; "
                 "after beam search pass `beam_indices` too (generate's output.beam_indices)."
             )
+        _check_tokens(sequences[:, sequences.shape[1] - new:], first.shape[1])
         return
     if not isinstance(beam_indices, torch.Tensor) or beam_indices.ndim != 2 or beam_indices.is_floating_point():
         raise TypeError(
@@ -104,6 +105,37 @@ def _check(sequences: Any, scores: Any, beam_indices: Any, normalize_logits: Any
         raise ValueError(
             f"`beam_indices` hold beam {int(beam_indices.max())}, but each step of `scores` has only "
             f"{first.shape[0]} rows."
+        )
+    # HF keeps the columns up to the longest beam (the rest is -1 padding) and reads that many steps
+    used = beam_indices >= 0  # [rows, new]
+    longest = int(used.sum(dim=1).max()) if used.numel() else 0
+    if longest > new:
+        raise ValueError(
+            f"`beam_indices` follow beams for {longest} tokens, but `scores` has {new} steps; pass the "
+            "beam_indices and scores of the same generate() output."
+        )
+    if longest > sequences.shape[1]:
+        raise ValueError(f"`beam_indices` follow beams for {longest} tokens, but `sequences` have only "
+                         f"{sequences.shape[1]}.")
+    tokens = sequences[:, sequences.shape[1] - longest:]  # [rows, longest]
+    _check_tokens(tokens, first.shape[1], where=used[:, :longest])
+
+
+def _check_tokens(tokens: torch.Tensor, vocab: int, where: torch.Tensor | None = None) -> None:
+    """Every scored token id within the vocabulary of `scores`.
+
+    HF's method reads the score at `row * vocab + token` of the flattened step: an id past the
+    vocabulary would silently return another row's score for another token.
+    """
+    outside = (tokens < 0) | (tokens >= vocab)  # [rows, new]
+    if where is not None:
+        outside &= where  # finished beams (-1) are not scored
+    if bool(outside.any()):
+        row, column = (int(i) for i in outside.nonzero()[0])
+        raise ValueError(
+            f"`sequences` row {row} holds token id {int(tokens[row, column])} at generated position {column}, "
+            f"outside the {vocab} vocabulary columns of `scores`; pass the sequences and scores of the same "
+            "generate() output (a pad_token_id outside the vocabulary cannot be scored either)."
         )
 
 

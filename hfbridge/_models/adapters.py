@@ -33,7 +33,15 @@ import torch
 
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
-from hfbridge._models.callables import AdapterTypeError, accepts, call_signature, checked_hook, describe, parameter_list
+from hfbridge._models.callables import (
+    AdapterTypeError,
+    accepts,
+    call_signature,
+    checked_hook,
+    describe,
+    hook_result,
+    parameter_list,
+)
 
 # Keys the built-in adapters keep in the state for themselves.
 _FED = "_fed"  # how many tokens of the sequence the model has already seen (its cache length)
@@ -314,8 +322,11 @@ class ReturnsCache(ModelAdapter):
         self.crop_hook = checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
-        reorder = self.reorder_hook if self.reorder_hook is not None else _reorder
-        state[_CACHE] = reorder(state[_CACHE], beam_idx)
+        if self.reorder_hook is None:
+            state[_CACHE] = _reorder(state[_CACHE], beam_idx)
+            return state
+        state[_CACHE] = hook_result(self.reorder_hook(state[_CACHE], beam_idx), state[_CACHE], "reorder_cache",
+                                    "reorder_cache(cache, beam_idx) -> cache")
         return state
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -337,6 +348,13 @@ class ReturnsCache(ModelAdapter):
                 f"a ReturnsCache model must return a pair (logits, cache), got {describe(outputs)}; "
                 "return `logits, cache` (or use Recompute for a model that returns only logits)."
             )
+        if outputs[1] is None:
+            # the next call would feed the new token alone with cache=None: "nothing seen yet", wrong tokens
+            raise AdapterTypeError(
+                f"a ReturnsCache model must return its cache, got (logits, None) after {input_ids.shape[1]} tokens; "
+                "return the cache it built (an HF model: pass use_cache=True), or use Recompute for a model "
+                "without one."
+            )
         state[_CACHE] = outputs[1]
         return super().update(outputs, input_ids, state)
 
@@ -349,7 +367,8 @@ class ReturnsCache(ModelAdapter):
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
         if length < state[_FED]:
             if self.crop_hook is not None:
-                state[_CACHE] = self.crop_hook(state[_CACHE], length)
+                state[_CACHE] = hook_result(self.crop_hook(state[_CACHE], length), state[_CACHE], "crop_cache",
+                                            "crop_cache(cache, length) -> cache")
             else:
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length

@@ -32,7 +32,7 @@ class CacheTypeError(TypeError):
     """A cache that hfbridge cannot reorder (or crop) on its own; the message says which hook to use."""
 
 
-def reorder_cache(cache: Any, beam_idx: torch.Tensor) -> Any:
+def reorder_cache(cache: Any, beam_idx: torch.Tensor, *, where: str = "cache") -> Any:
     """`cache` with its batch rows taken in the order `beam_idx` `(rows,)`.
 
     A nest is rebuilt (its tensors are never modified); an HF `Cache` reorders itself and is returned.
@@ -41,6 +41,7 @@ def reorder_cache(cache: Any, beam_idx: torch.Tensor) -> Any:
         cache: An HF `Cache`, a nest of tuples / lists / dicts of tensors with the batch first,
             or None.
         beam_idx: `(rows,)` integer index: new row `i` is old row `beam_idx[i]`.
+        where: What `cache` is called in errors. Default: `"cache"`.
 
     Raises:
         CacheTypeError: for any other object, or a tensor in the nest whose first axis is not the batch.
@@ -59,7 +60,7 @@ def reorder_cache(cache: Any, beam_idx: torch.Tensor) -> Any:
         # layers (index_select), so no tensor that was handed out before is changed.
         cache.reorder_cache(beam_idx)
         return cache
-    return _reorder_nest(cache, beam_idx, rows=beam_idx.shape[0], path="cache")
+    return _reorder_nest(cache, beam_idx, rows=beam_idx.shape[0], path=where)
 
 
 def _is_hf_cache(cache: Any) -> bool:
@@ -97,7 +98,7 @@ def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(value, "_fields")
 
 
-def crop_cache(cache: Any, length: int, *, cached: int | None = None) -> Any:
+def crop_cache(cache: Any, length: int, *, cached: int | None = None, where: str = "cache") -> Any:
     """The cache with only its first `length` positions (HF caches are cropped in place).
 
     Args:
@@ -106,6 +107,7 @@ def crop_cache(cache: Any, length: int, *, cached: int | None = None) -> Any:
         cached: How many positions the cache holds now, when the caller knows it. Every tensor is
             then checked to have that many positions on its sequence axis (the second-to-last),
             so that a cache laid out differently fails loudly instead of being cut on the wrong axis.
+        where: What `cache` is called in errors. Default: `"cache"`.
 
     Returns:
         The cropped cache, of the same structure (tensors are views of the originals).
@@ -121,7 +123,7 @@ def crop_cache(cache: Any, length: int, *, cached: int | None = None) -> Any:
     """
     if not isinstance(length, int) or isinstance(length, bool) or length < 0:
         raise ValueError(f"`length` must be an int >= 0, got {length!r}.")
-    return _crop(cache, length, cached, "cache")
+    return _crop(cache, length, cached, where)
 
 
 def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:

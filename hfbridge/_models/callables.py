@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["AdapterTypeError", "accepts", "call_signature", "checked_hook", "describe", "parameter_list"]
+__all__ = ["AdapterTypeError", "accepts", "call_signature", "checked_hook", "checked_state", "describe", "hook_result",
+           "parameter_list"]
 
 
 class AdapterTypeError(TypeError):
@@ -67,3 +68,27 @@ def checked_hook(hook: Any, name: str, contract: str) -> Any:
     if hook is not None and not callable(hook):
         raise TypeError(f"`{name}` must be callable as {contract}, got {type(hook).__name__}.")
     return hook
+
+
+def hook_result(result: Any, cache: Any, name: str, contract: str) -> Any:
+    """`result`, the cache a hook returned, unless it is None for a cache that was not.
+
+    The model reads a `None` cache as "nothing seen yet" and would restart from the new tokens
+    alone: wrong tokens, no error. A hook that edits the cache in place and forgets `return`
+    gives exactly that.
+    """
+    if result is None and cache is not None:
+        raise AdapterTypeError(
+            f"the {name} hook returned None for a cache of type {type(cache).__name__}; it must return the cache, "
+            f"`{contract}` (a hook that edits the cache in place still ends with `return cache`)."
+        )
+    return result
+
+
+def checked_state(state: Any, adapter: Any, method: str) -> dict[str, Any]:
+    """`state` if `adapter.method(...)` returned a state dict, else an `AdapterTypeError` saying so."""
+    if not isinstance(state, dict):
+        raise AdapterTypeError(
+            f"{type(adapter).__name__}.{method} must return the state dict, got {describe(state)}."
+        )
+    return state

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.cache import CacheTypeError
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
 from hfbridge._models.callables import AdapterTypeError, accepts, call_signature, checked_hook, describe, parameter_list
@@ -47,12 +48,14 @@ class Hooks(ModelAdapter):
             the state as it is.
         reorder_state: `(state, beam_idx) -> state`, called after every beam search step:
             row `i` of every per-row entry must become row `beam_idx[i]` (`beam_idx` `(rows,)`).
-            Default: reorder `state["past_key_values"]` (HF's name for the cache) when present
-            (an HF `Cache` or a nest of batch-first tensors).
+            Default: reorder every entry update_state set (`past_key_values`, `cache`, ..., whatever
+            its key): HF `Cache` objects and nests of batch-first tensors; anything else is refused
+            with an error naming the entry.
         crop_state: `(state, length) -> state`, for assisted and prompt-lookup decoding: forget
             every position from `length` on (the rejected draft tokens); `prepare_inputs` then
             feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` (an HF `Cache`
-            or tensors `(..., seq, dim)`, see `crop_cache`) when the state has one.
+            or tensors `(..., seq, dim)`, see `crop_cache`); a state that carries anything else
+            from update_state (a cache under another key, a counter) needs this hook.
 
     >>> import torch
     >>> from hfbridge import Hooks, generate
@@ -88,6 +91,8 @@ class Hooks(ModelAdapter):
         self.reorder_state = checked_hook(reorder_state, "reorder_state", "reorder_state(state, beam_idx) -> state")
         self.crop_state = checked_hook(crop_state, "crop_state", "crop_state(state, length) -> state")
         self.hook_signature = call_signature(prepare_inputs)
+        self._start: dict[str, Any] = {}  # the model inputs this call's state started with
+        self._fed: int | None = None  # positions the model has seen in this call
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
         if self.reorder_state is not None:
@@ -95,16 +100,37 @@ class Hooks(ModelAdapter):
             if not isinstance(new_state, dict):
                 raise AdapterTypeError(f"reorder_state must return the state dict, got {describe(new_state)}.")
             return new_state
-        if state.get("past_key_values") is not None:
-            state["past_key_values"] = _reorder(state["past_key_values"], beam_idx)
+        # Whatever update_state carries from one call to the next follows the beams, whatever its key
+        # (`past_key_values`, `cache`, ...): a cache left in the old beam order gives wrong beams silently.
+        for key in self.carried(state):
+            try:
+                state[key] = _reorder(state[key], beam_idx, where=f"state[{key!r}]")
+            except CacheTypeError as error:
+                raise CacheTypeError(
+                    f"{error} (Hooks reorders every state entry that update_state carries: HF Cache objects and "
+                    "nests of batch-first tensors; pass Hooks(..., reorder_state=lambda state, beam_idx: ...) for "
+                    "anything else.)"
+                ) from None
         return state
 
+    def carried(self, state: dict[str, Any]) -> list[str]:
+        """The state entries update_state set (not `attention_mask`, not the inputs `generate` started with)."""
+        return [key for key, value in state.items() if key != "attention_mask"
+                and (key == "past_key_values" or key not in self._start or self._start[key] is not value)
+                and value is not None]
+
     def check_crop(self, state: dict[str, Any]) -> None:
-        if self.crop_state is None and "past_key_values" not in state:
+        if self.crop_state is not None:
+            return
+        others = [key for key in self.carried(state) if key != "past_key_values"]
+        if others or "past_key_values" not in state:
+            what = (f"this Hooks state carries {', '.join(f'`{key}`' for key in others)} (set by update_state), "
+                    "which hfbridge cannot roll back by itself (it crops only `past_key_values`)") if others \
+                else "this Hooks state has no `past_key_values` entry to crop"
             raise TypeError(
-                "assisted and prompt-lookup decoding roll back rejected draft tokens, but this Hooks state has no "
-                "`past_key_values` entry to crop; pass Hooks(..., crop_state=lambda state, length: ...) that makes "
-                "the model forget positions from `length` on (return the state unchanged if it recomputes)."
+                f"assisted and prompt-lookup decoding roll back rejected draft tokens, but {what}; pass "
+                "Hooks(..., crop_state=lambda state, length: ...) that makes the model forget positions from "
+                "`length` on (return the state unchanged if it recomputes)."
             )
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
@@ -114,7 +140,9 @@ class Hooks(ModelAdapter):
                 raise AdapterTypeError(f"crop_state must return the state dict, got {describe(new_state)}.")
             return new_state
         self.check_crop(state)
-        return {**state, "past_key_values": _crop(state["past_key_values"], length)}
+        # `cached`: the positions the model has seen, so that a cache laid out another way fails here, by name
+        return {**state, "past_key_values": _crop(state["past_key_values"], length, cached=self._fed,
+                                                  where="state['past_key_values']")}
 
     def check_inputs(self, names: list[str]) -> None:
         for name in names:
@@ -132,6 +160,7 @@ class Hooks(ModelAdapter):
                 f"{parameter_list(self.hook_signature)}); add `attention_mask=None` or `**state`."
             )
         self.check_inputs(list(model_inputs))
+        self._start, self._fed = dict(model_inputs), None
         return {"attention_mask": attention_mask, **model_inputs}
 
     def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:
@@ -149,6 +178,7 @@ class Hooks(ModelAdapter):
         return self.model(**kwargs)
 
     def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
+        self._fed = input_ids.shape[1]  # the positions the model has seen (the adapter's own, not in `state`)
         if self.update_state is None:
             return state
         new_state = self.update_state(outputs, state)

@@ -17,6 +17,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_options, did_you_mean
+from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
 
 # Options that turn sampling on when `do_sample` is left to hfbridge (HF's warpers).
@@ -288,7 +289,8 @@ def processors_for_config(
     host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
     built = host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
                                   attention_mask=attention_mask, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
-    return CheckedProcessorList(built)  # HF's items in HF's order; each output is checked when called
+    # HF's items in HF's order; each output is checked when called (prefix_allowed_tokens_fn's answers too)
+    return CheckedProcessorList(with_checked_prefix(built))
 
 
 def check_prefix_allowed_tokens_fn(function: Any) -> None:

@@ -103,6 +103,8 @@ def check_options(options: Mapping[str, Any]) -> None:
             _check_decay(value)
         elif name == "stop_strings":
             _check_stop_strings(value)
+        elif name in STRATEGY_OPTIONS:
+            STRATEGY_OPTIONS[name](name, value)
 
 
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
@@ -253,3 +255,72 @@ def _check_stop_strings(value: Any) -> None:
     for index, item in enumerate(items):
         if not isinstance(item, str) or not item:
             raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {_got(item)}.")
+
+
+# ---- the options of beam search and assisted / prompt-lookup decoding (issue 17) ----
+# HF's loops read these without checking them: `length_penalty="2"` failed after the first model call,
+# `nan` gave meaningless beams, `num_assistant_tokens=inf` an OverflowError inside the draft loop.
+
+_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+def _check_real(name: str, value: Any, low: float | None = None, high: float | None = None) -> None:
+    """A finite real (not a bool) in `[low, high]`."""
+    _check_number(name, value, positive=False)
+    if (low is not None and value < low) or (high is not None and value > high):
+        expected = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"`{name}` must be a number {expected}, got {value!r}.")
+
+
+def _check_early_stopping(name: str, value: Any) -> None:
+    if not (isinstance(value, bool) or (value == "never" and isinstance(value, str))):
+        raise TypeError(f"`{name}` must be True, False or \"never\", got {_got(value)}.")
+
+
+def _check_schedule(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be one of {list(_SCHEDULES)}, got {_got(value)}.")
+    if value not in _SCHEDULES:
+        raise ValueError(f"`{name}` must be one of {list(_SCHEDULES)}, got {value!r}.")
+
+
+# option -> its check `(name, value) -> None`; None always passes (not set).
+STRATEGY_OPTIONS = {
+    "length_penalty": lambda name, value: _check_real(name, value),
+    "diversity_penalty": lambda name, value: _check_real(name, value),
+    "early_stopping": _check_early_stopping,
+    "low_memory": lambda name, value: check_flag(name, value),
+    "num_assistant_tokens": lambda name, value: _check_real(name, value, 1),
+    "assistant_confidence_threshold": lambda name, value: _check_real(name, value, 0, 1),
+    "num_assistant_tokens_schedule": _check_schedule,
+    "prompt_lookup_num_tokens": lambda name, value: check_count(name, value, 1),
+    "max_matching_ngram_size": lambda name, value: check_count(name, value, 1),
+}
+CHECKED_OPTIONS = (*CHECKED_OPTIONS, *STRATEGY_OPTIONS)
+
+
+def check_strategy_options(config: Any) -> None:
+    """`check_options` for the beam and draft options of a prepared `GenerationConfig` (or any object).
+
+    >>> from transformers import GenerationConfig
+    >>> check_strategy_options(GenerationConfig(num_beams=2, length_penalty=float("nan")))
+    Traceback (most recent call last):
+    ...
+    ValueError: `length_penalty` must be a finite number, got nan.
+    """
+    check_options({name: getattr(config, name, None) for name in STRATEGY_OPTIONS})
+
+
+def check_tokenizer(tokenizer: Any, name: str = "tokenizer") -> None:
+    """`TypeError` unless `tokenizer` is None or has the `decode` of a HF tokenizer.
+
+    >>> check_tokenizer("gpt2")
+    Traceback (most recent call last):
+    ...
+    TypeError: `tokenizer` must be a tokenizer object with a .decode method, got str 'gpt2'; load it first: AutoTokenizer.from_pretrained('gpt2').
+    """  # noqa: E501 (the doctest's output line)
+    if tokenizer is None or callable(getattr(tokenizer, "decode", None)):
+        return
+    hint = (f"; load it first: AutoTokenizer.from_pretrained({tokenizer!r})" if isinstance(tokenizer, str)
+            else " (a transformers tokenizer, e.g. AutoTokenizer.from_pretrained(...))")
+    raise TypeError(f"`{name}` must be a tokenizer object with a .decode method, got {_got(tokenizer)}{hint}.")

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 import torch
 
 from hfbridge._generate.output import read_output, score_rows, stacked_rows
+from hfbridge._step.option_checks import check_tokenizer
+from hfbridge._views import trace_html as _trace_html
 from hfbridge._views import trace_view as _trace_view
 
 __all__ = ["Alternative", "GenerationTrace", "TokenStep", "explain_generation"]
@@ -137,10 +139,20 @@ class GenerationTrace:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return _trace_view.html_fragment(self)
+        return _trace_html.html_fragment(self)
 
-    def to_html(self) -> str:
-        """A standalone HTML page (its own stylesheet): the same look as in Jupyter, anywhere.
+    def html(self, *, table: str = "uncertain") -> str:
+        """The HTML fragment Jupyter shows, with the table of your choice.
+
+        Args:
+            table: ``"uncertain"``: the steps whose token had p < 0.5 or was not the most likely
+                (at most 100, the least likely); ``"all"``: every step; ``"none"``: no table.
+                Default: ``"uncertain"``.
+        """
+        return _trace_html.html_fragment(self, table)
+
+    def to_html(self, *, table: str = "uncertain") -> str:
+        """A standalone HTML page (its own stylesheet): the same look as in Jupyter, anywhere (``table``: see `html`).
 
         >>> import torch
         >>> from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -148,13 +160,14 @@ class GenerationTrace:
         >>> explain_generation(out).to_html().startswith("<!DOCTYPE html>")
         True
         """
-        return _trace_view.html_page(self)
+        return _trace_html.html_page(self, table)
 
     def plot(self, *, ax: Any = None) -> Any:
         """The chosen token's probability (top) and the entropy (bottom) at every step.
 
         With the model's own distribution available, its values are drawn beside the processed
-        ones. Padding steps are shaded.
+        ones. Padding steps are shaded. From 300 steps on, bars would be a wall: each step is a
+        faint dot, a rolling mean a line, and tokens with p < 0.1 are marked.
 
         Args:
             ax: Two matplotlib ``Axes`` (probability, entropy) to draw into. Default: a new figure.
@@ -206,6 +219,7 @@ def explain_generation(
     >>> step.token, round(step.prob, 4), step.possible
     (1, 0.8808, 2)
     """
+    check_tokenizer(tokenizer)
     sequences, scores, logits, beam_indices = read_output(output)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top: expected a positive int (alternatives per step), got {top!r}")
@@ -325,16 +339,20 @@ def _padding_flags(tokens: list[int], eos: set[int], pad: int | None) -> list[bo
     """Which positions are the filler `generate` puts in a finished row while other rows go on.
 
     After the row's first eos, the filler is one repeated token; varied tokens after an eos mean
-    that it did not stop the row (it was no stopping criterion), so they were generated. A row
-    stopped another way (a stop string, a custom criterion) ends in a run of the pad token. The
-    first token is always generated.
+    that it did not stop the row (it was no stopping criterion), so they were generated. The eos
+    itself was generated, also when it is the row's last token and when the pad token is the eos
+    (GPT-2's usual setup). A row stopped another way (a stop string, a custom criterion) ends in a
+    run of the pad token; when that token is an eos, the run's first one is read as the eos that
+    ended the row. The first token is always generated.
     """
     first = next((t for t, token in enumerate(tokens) if token in eos), None)
-    if first is not None and len(set(tokens[first + 1:])) == 1:
+    if first is not None and len(set(tokens[first + 1:])) <= 1:
         return [t > first for t in range(len(tokens))]
     run = 0
     while pad is not None and run < len(tokens) - 1 and tokens[-1 - run] == pad:
         run += 1
+    if run and pad in eos:
+        run -= 1  # the first of the run is the eos that finished the row
     return [t >= len(tokens) - run for t in range(len(tokens))]
 
 

@@ -7,18 +7,19 @@ the recorded choice is the token `sample_step` returns for the same options and 
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import LogitsProcessorList
 
+from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
 from hfbridge._step.sampler import Sampler
-from hfbridge._views.html import FONT_STYLE, page
+from hfbridge._views.html import page
+from hfbridge._views.step_html import step_html
 from hfbridge._views.step_plot import plot_step
 
 __all__ = ["Stage", "StepTrace", "explain_step"]
@@ -60,7 +61,7 @@ class Stage:
     @property
     def params_text(self) -> str:
         """``param=value, ...`` as shown in tables and plots (without HF's default ``min_tokens_to_keep=1``)."""
-        return _params_text(self.params)
+        return params_text(self.params)
 
     @property
     def short_name(self) -> str:
@@ -107,7 +108,8 @@ class StepTrace:
             return f"#{token_id}"
         return repr(self.tokenizer.decode([token_id]))
 
-    def _summary(self) -> str:
+    def summary(self) -> str:
+        """One line: the row, the chosen token, how it was chosen and its final probability."""
         how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
         token = f"token {self.token}" + (f" {self.token_label(self.token)}" if self.tokenizer is not None else "")
         p = self.stages[-1].probs()[self.token].item()
@@ -115,7 +117,7 @@ class StepTrace:
         return f"row {self.row} of {self.batch_rows}: {token} {how}, p={p:.3f} after {processors} processor(s)"
 
     def __str__(self) -> str:
-        lines = [f"explain_step: {self._summary()}"]
+        lines = [f"explain_step: {self.summary()}"]
         width = max(8, *(len(self.token_label(i)) for s in self.stages for i in s.top_ids))
         width = min(width, 24)
         for number, stage in enumerate(self.stages):
@@ -132,53 +134,7 @@ class StepTrace:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        head = "".join(
-            f"<th style='text-align:left;vertical-align:top;padding:1px 6px 1px 3px'>[{n}] {html.escape(s.short_name)}"
-            f"<br><span style='font-weight:normal;font-size:85%'>{html.escape(_params_text(s.params))}</span></th>"
-            for n, s in enumerate(self.stages)
-        )
-        depth = max(len(s.top_ids) for s in self.stages)
-        body = []
-        for rank in range(depth):
-            cells = [f"<td style='text-align:right;color:#888'>{rank + 1}</td>"]
-            for stage in self.stages:
-                if rank >= len(stage.top_ids):
-                    cells.append("<td></td>")
-                    continue
-                token_id, score, prob = stage.top_ids[rank], stage.top_scores[rank], stage.top_probs[rank]
-                chosen = token_id == self.token
-                # An inline bar (not a CSS gradient) renders the same in every notebook front end.
-                bar = (
-                    f"<span style='display:inline-block;height:0.7em;width:{max(1, round(40 * prob))}px;"
-                    f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:4px'></span>"
-                )
-                style = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;"
-                if chosen:
-                    style += "font-weight:bold;background:#fdd0a2;"
-                cells.append(
-                    f"<td title='id {token_id}, score {score:.4f}' style='{style}'>"
-                    f"<code style='white-space:pre'>{html.escape(self.token_label(token_id))}</code> {prob:.3f}{bar}"
-                    f"<span style='color:#777;font-size:80%;font-weight:normal'> ({_format_score(score)})</span></td>"
-                )
-            body.append(f"<tr>{''.join(cells)}</tr>")
-        for title, values in (
-            ("possible", [str(s.possible) for s in self.stages]),
-            ("entropy (nats)", [f"{s.entropy:.3f}" for s in self.stages]),
-        ):
-            body.append(
-                "<tr style='border-top:1px solid #ccc'>"
-                f"<td style='text-align:right;color:#888;white-space:nowrap'>{title}</td>"
-                + "".join(f"<td style='text-align:left;padding:1px 6px 1px 3px'>{v}</td>" for v in values)
-                + "</tr>"
-            )
-        summary = html.escape(f"explain_step: {self._summary()}")
-        return (
-            # The font on each child, not on the outer <div>: the same text outside Jupyter, same fragment shape.
-            f"<div><b style='{FONT_STYLE}'>{summary}</b><br><span style='{FONT_STYLE};font-size:85%;color:#555'>each "
-            "cell: token, probability (bar), (score); the chosen token is highlighted</span>"
-            f"<table style='{FONT_STYLE};border-collapse:collapse;font-size:90%;margin-top:4px'>"
-            f"<thead><tr><th></th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
-        )
+        return step_html(self)
 
     def to_html(self) -> str:
         """A standalone HTML page (its own stylesheet): the table as Jupyter shows it, anywhere.
@@ -187,7 +143,7 @@ class StepTrace:
         >>> text.startswith("<!DOCTYPE html>"), "font-family" in text
         (True, True)
         """
-        return page(self._repr_html_(), f"explain_step: {self._summary()}")
+        return page(self._repr_html_(), f"explain_step: {self.summary()}")
 
     def plot(self, *, top: int | None = None, ax: Any = None) -> Any:
         """Stacked bars: how the probability of the top tokens moves from stage to stage.
@@ -251,6 +207,7 @@ def explain_step(
     >>> trace.stages[-1].possible
     2
     """
+    check_tokenizer(tokenizer)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top: expected a positive int (tokens to record per stage), got {top!r}")
     if isinstance(row, bool) or not isinstance(row, int):
@@ -338,11 +295,11 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
-def _format_score(score: float) -> str:
+def format_score(score: float) -> str:
     return "-inf" if score == float("-inf") else f"{score:.2f}"
 
 
-def _params_text(params: dict[str, Any]) -> str:
+def params_text(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_format_value(v)}" for k, v in _shown(params).items())
 
 

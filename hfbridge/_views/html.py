@@ -1,4 +1,9 @@
-"""Shared HTML pieces for hfbridge's displays: fonts, the probability colour scale, standalone pages.
+"""Shared HTML pieces for hfbridge's displays: the one HTML builder, fonts, colours, standalone pages.
+
+Every view builds its HTML with `el` (an element) and `Html` (markup already built): any `str`
+given to `el`, as a child or as an attribute value, is escaped here and nowhere else, so a token
+that decodes to `<script>` is shown as text in every view. Colours come in pairs (`PAIR_*`: a
+background and its text colour), so a view reads the same in a light and a dark notebook theme.
 
 A display has two forms. In a notebook, `_repr_html_` returns a fragment whose root element
 carries its font inline, because notebook front ends keep only inline styles reliably (GitHub's
@@ -11,8 +16,23 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Iterable
 
-__all__ = ["FONT", "FONT_STYLE", "MONO", "ROOT_STYLE", "escape", "page", "prob_colour"]
+__all__ = [
+    "CARD",
+    "FONT",
+    "FONT_STYLE",
+    "MONO",
+    "MUTED",
+    "ROOT_STYLE",
+    "TEXT",
+    "Html",
+    "el",
+    "escape",
+    "join",
+    "page",
+    "prob_colour",
+]
 
 # System UI fonts first (what Jupyter itself uses), then common sans-serif fallbacks.
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif'
@@ -43,6 +63,46 @@ _LOW = (240, 120, 40)
 def escape(text: str) -> str:
     """HTML-escape text, quotes included (safe inside attributes)."""
     return html.escape(text, quote=True)
+
+
+class Html(str):
+    """Markup built by `el` / `join` (or a constant written here): passed through, never escaped again."""
+
+    __slots__ = ()
+
+
+def _markup(child: object) -> str:
+    if isinstance(child, Html):
+        return child
+    if child is None:
+        return ""
+    return escape(str(child))  # text, numbers: always escaped
+
+
+def join(children: Iterable[object]) -> Html:
+    """Children side by side: each `Html` as it is, anything else escaped as text."""
+    return Html("".join(_markup(child) for child in children))
+
+
+def el(tag: str, *children: object, **attributes: object) -> Html:
+    """The element `<tag attributes>children</tag>`; text children and every attribute value escaped.
+
+    Attribute names use `_` for `-` (`data_step=3` is `data-step='3'`); None leaves one out.
+
+    >>> el("span", "<b> & 'x'", title="a'b", style="color:red")
+    "<span title='a&#x27;b' style='color:red'>&lt;b&gt; &amp; &#x27;x&#x27;</span>"
+    """
+    if not tag.isalnum():
+        raise ValueError(f"not an HTML tag name: {tag!r}")
+    attrs = "".join(f" {name.rstrip('_').replace('_', '-')}='{escape(str(value))}'"
+                    for name, value in attributes.items() if value is not None)
+    return Html(f"<{tag}{attrs}>{join(children)}</{tag}>")
+
+
+# Colour pairs (background, text): a background is never set without its text colour.
+TEXT = "#1f2328"  # text on the white card
+MUTED = "#57606a"  # secondary text on the white card
+CARD = f"background:#ffffff;color:{TEXT}"  # every display sits on its own light card, whatever the theme
 
 
 def prob_colour(prob: float) -> str:

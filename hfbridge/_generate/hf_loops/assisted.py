@@ -29,9 +29,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfbridge._generate.call import progress_bar as _progress_bar
 from hfbridge._generate.hf_loops.assisted_hosts import DraftHost, TargetHost
+from hfbridge._generate.hf_loops.host import StepProcessors
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, as_adapter
 from hfbridge._step.layout import Layout
+from hfbridge._step.option_checks import check_strategy_options
 from hfbridge._step.sampler import Sampler, extract_logits
 
 # Options of HF's assisted decoding that are fields of the assistant's own generation config in HF.
@@ -138,40 +140,15 @@ def _check(adapter: ModelAdapter, assistant: ModelAdapter | None, config: Genera
             raise ValueError(f"generate() does not support `{name}`={value!r}: it {why}, which hfbridge cannot see.")
 
 
-_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
-
-
 def _check_options(config: GenerationConfig, has_assistant: bool) -> None:
     """The draft options HF takes without checking them, checked with a message naming the option."""
-    def is_number(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
     lookup = config.prompt_lookup_num_tokens
     if lookup is not None and has_assistant:
         raise ValueError(
             f"`prompt_lookup_num_tokens`={lookup} and `assistant_model` were both given; HF would draft from the "
             "prompt and ignore the assistant. Pass one of them."
         )
-    checks = (
-        ("prompt_lookup_num_tokens", lookup, lookup is None or (isinstance(lookup, int) and not isinstance(lookup, bool)
-                                                               and lookup >= 1), "an int >= 1"),
-        ("max_matching_ngram_size", config.max_matching_ngram_size,
-         config.max_matching_ngram_size is None or (isinstance(config.max_matching_ngram_size, int)
-                                                    and not isinstance(config.max_matching_ngram_size, bool)
-                                                    and config.max_matching_ngram_size >= 1), "an int >= 1"),
-        ("num_assistant_tokens", config.num_assistant_tokens,
-         config.num_assistant_tokens is None or (is_number(config.num_assistant_tokens)
-                                                 and config.num_assistant_tokens >= 1), "a number >= 1"),
-        ("num_assistant_tokens_schedule", config.num_assistant_tokens_schedule,
-         config.num_assistant_tokens_schedule in (None,) + _SCHEDULES, f"one of {list(_SCHEDULES)}"),
-        ("assistant_confidence_threshold", config.assistant_confidence_threshold,
-         config.assistant_confidence_threshold is None or (is_number(config.assistant_confidence_threshold)
-                                                           and 0 <= config.assistant_confidence_threshold <= 1),
-         "a number in [0, 1] (0 turns the early stop off)"),
-    )
-    for name, value, valid, expected in checks:
-        if not valid:
-            raise ValueError(f"`{name}` must be {expected}, got {value!r}.")
+    check_strategy_options(config)  # types, finiteness and ranges, as the step's options
 
 
 def assistant_config(config: GenerationConfig) -> GenerationConfig:
@@ -189,13 +166,14 @@ def assisted_decode(adapter: ModelAdapter, *, sequences: torch.Tensor, mask: tor
                     user_processors: LogitsProcessorList, criteria: Any, streamer: Any, assistant: Any,
                     model_inputs: dict[str, Any], layout: Any, vocab_size: int | None) -> tuple[Any, TargetHost]:
     """Run HF's `_assisted_decoding` for the installed transformers; returns its result and the target's host."""
-    processors = sampler.processors
     host = TargetHost(adapter, state, sampler, device=sequences.device)
+    processors = StepProcessors(sampler.processors, host)
     assistant_host = None
     if assistant is not None:
         assistant_host = DraftHost(assistant, device=sequences.device, generation_config=assistant_config(config),
                                    layout=layout, vocab_size=vocab_size)
     host.draft, host.do_sample = assistant_host, bool(config.do_sample)
+    host.probe_vocab = lambda: _probe_vocab(adapter, sequences, mask, model_inputs, layout)  # only after an error
     if vocab_size is not None:
         host.config.vocab_size = vocab_size
     elif config.prompt_lookup_num_tokens is not None and len(processors) > 0 and _lookup_screens_candidates():

@@ -23,6 +23,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -37,7 +38,8 @@ from hfbridge._generate.call import prepare as _prepare
 from hfbridge._generate.hf_loops.host import LoopHost
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
-from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
+from hfbridge._models.callables import checked_state
 from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits
 
@@ -123,12 +125,13 @@ class TargetHost(LoopHost):
         self.cache_handle = cast(Any, Rollback(self))  # in place of LoopHost's, which only reorders
         self.lookup: Any = None  # HF's prompt-lookup generator, when that is the strategy
         self.draft: DraftHost | None = None  # the assistant, when a draft model is the strategy
+        self.probe_vocab: Callable[[], int] | None = None  # the target's logits width from a call on the prompt
         self.do_sample = False
 
     def crop(self, length: int) -> None:
         """Forget every position from `length` on (the rejected draft tokens)."""
         if length < self.fed:
-            self.state = self.adapter.crop(self.state, length)
+            self.state = cropped(self.adapter, self.state, length, f"after step {self.step - 1}")
             self.fed = length
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -137,10 +140,15 @@ class TargetHost(LoopHost):
         step, fed = self.step, input_ids.shape[1] - self.fed
         self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
             input_ids.shape)
-        outputs, self.state = forward_and_update(
-            self.adapter, input_ids, self.state, step,
-            f"{input_ids.shape[1]} tokens so far, {fed} of them fed in this call",
-            check=self.adapter.check_crop if step == 0 else None)
+        try:
+            outputs, self.state = forward_and_update(
+                self.adapter, input_ids, self.state, step,
+                f"{input_ids.shape[1]} tokens so far, {fed} of them fed in this call",
+                check=self.adapter.check_crop if step == 0 else None)
+        except Exception as error:
+            if step == 0:
+                self._check_draft_vocab(error)  # a draft token past the target's vocabulary fails inside it
+            raise
         logits = at_step(step, lambda: fed_logits(
             extract_logits(self.adapter.logits(outputs)), layout=self.sampler.layout,
             vocab_size=self.sampler.vocab_size, rows=input_ids.shape[0], fed=fed, role="target"))
@@ -161,13 +169,31 @@ class TargetHost(LoopHost):
             )
         if self.lookup is not None:
             self.lookup.vocab_size = self.vocab
+        self._check_draft_vocab()
+
+    def _check_draft_vocab(self, error: Exception | None = None) -> None:
+        """Refuse an assistant with another vocabulary, as HF's generate refuses one with another vocab_size.
+
+        After `error` (the target's first call failed), the target's width is read from one call on
+        the prompt alone: a draft with a larger vocabulary proposes ids the target cannot embed.
+        """
         draft_vocab = None if self.draft is None else self.draft.vocab
-        if self.do_sample and draft_vocab is not None and draft_vocab != self.vocab:
-            raise ValueError(
-                f"generate(): the assistant's logits have {draft_vocab} vocabulary columns and the target's "
-                f"{self.vocab}; speculative sampling compares their distributions token by token, so both must "
-                "cover the same vocabulary (pass vocab_size= to drop padded columns)."
-            )
+        vocab = self.vocab
+        if error is not None and draft_vocab is not None and self.probe_vocab is not None:
+            try:
+                vocab = self.probe_vocab()
+            except Exception:  # the prompt alone fails too: the error is the model's own
+                return
+        if draft_vocab is None or vocab is None or draft_vocab == vocab:
+            return
+        why = ("speculative sampling compares their distributions token by token, so both must cover the same "
+               "vocabulary" if self.do_sample else
+               "the target checks the draft's token ids, so both must have one vocabulary (HF's generate refuses "
+               "an assistant with another vocab_size)")
+        raise ValueError(
+            f"generate(): the assistant's logits have {draft_vocab} vocabulary columns and the target's {vocab}; "
+            f"{why} (pass vocab_size= to drop padded columns)."
+        ) from error
 
     def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
         generator: Any = GenerationMixin._get_candidate_generator(cast(Any, self), *args, **kwargs)  # HF's choice
@@ -190,8 +216,16 @@ class DraftState:
 
     def crop(self, length: int) -> None:
         if length < self.fed:
-            self.state = self.adapter.crop(self.state, length)
+            self.state = cropped(self.adapter, self.state, length, "in the assistant model")
             self.fed = length
+
+
+def cropped(adapter: ModelAdapter, state: dict[str, Any], length: int, where: str) -> dict[str, Any]:
+    """`adapter.crop(state, length)`, its result checked; a hook's wrong result names `where` it happened."""
+    try:
+        return checked_state(adapter.crop(state, length), adapter, "crop")
+    except AdapterTypeError as error:
+        raise TypeError(f"generate(): {where}, rolling back rejected draft tokens: {error}") from None
 
 
 class DraftHost:

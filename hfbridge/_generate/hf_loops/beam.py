@@ -24,13 +24,15 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
-from hfbridge._generate.hf_loops.host import LoopHost
+from hfbridge._generate.hf_loops.host import LoopHost, StepProcessors
 from hfbridge._models.adapters import ModelAdapter
+from hfbridge._step.option_checks import check_strategy_options
 
 
 def check_beam_options(config: GenerationConfig, adapter: ModelAdapter, *, streamer: Any,
                        generator: torch.Generator | None, fast: bool) -> None:
     """Raise, before the first model call, for options beam search cannot honour."""
+    check_strategy_options(config)  # length_penalty, early_stopping, ...: also when they came in a config
     if streamer is not None:
         raise ValueError(
             "`streamer` cannot be used with beam search (HF's generate refuses it too: the best beams are only "
@@ -71,7 +73,7 @@ def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mas
                          rows_name="num_beams", device=input_ids.device, on_step=on_step,
                          min_vocab=(candidates, why), lockstep=synced)
     model_kwargs = host.model_kwargs(attention_mask)
-    processors = sampler.processors
+    processors = StepProcessors(sampler.processors, host)
     if "beam_scorer" in inspect.signature(GenerationMixin._beam_search).parameters:
         # transformers 4.x: `generate` builds the scorer; these are its arguments there.
         scorer = importlib.import_module("transformers").BeamSearchScorer(

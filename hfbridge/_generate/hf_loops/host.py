@@ -24,12 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._hf.host import ProcessorHost
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
+from hfbridge._models.callables import checked_state
 from hfbridge._step.layout import Layout
+from hfbridge._step.processor_list import BadProcessorOutput
 from hfbridge._step.sampler import Sampler, extract_logits
 
 
@@ -46,7 +49,7 @@ class AdapterCache:
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         host = self._host
         try:
-            host.state = host.adapter.reorder_cache(host.state, beam_idx)
+            host.state = checked_state(host.adapter.reorder_cache(host.state, beam_idx), host.adapter, "reorder_cache")
         except AdapterTypeError as error:
             raise TypeError(f"generate(): after step {host.step - 1}: {error}") from None
         except Exception as error:
@@ -57,6 +60,24 @@ class AdapterCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens the model has seen (HF's `Cache.get_seq_length`); HF's prefill reads it."""
         return int(self._host.fed)
+
+
+class StepProcessors(LogitsProcessorList):
+    """The call's processors as HF's loop runs them: a processor's wrong output names the step.
+
+    HF's loop calls the processors after the step's model call, so the step is the host's last one.
+    """
+
+    def __init__(self, processors: LogitsProcessorList, host: LoopHost):
+        super().__init__(processors)
+        self._processors, self._host = processors, host
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        try:
+            return self._processors(input_ids, scores, **kwargs)
+        except BadProcessorOutput as error:
+            kind = TypeError if isinstance(error, TypeError) else ValueError
+            raise kind(f"generate(): at step {self._host.step - 1}: {error}") from None
 
 
 class LoopHost(ProcessorHost):

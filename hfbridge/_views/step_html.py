@@ -1,0 +1,83 @@
+"""A `StepTrace` as HTML: one column per stage (the input, then each processor), one row per rank.
+
+Built with `el` only (`_views/html.py` escapes every text there). The display is a light card
+with its own text colour, and every coloured cell sets its text colour too, so it reads in light
+and dark notebook themes alike; it scrolls sideways rather than being cut when there are many
+stages.
+
+>>> import torch
+>>> from hfbridge import explain_step
+>>> step_html(explain_step(torch.tensor([0.0, 1.0, 2.0]), top_k=2)).startswith("<div class='hfbridge-step'")
+True
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hfbridge._views.html import CARD, MONO, MUTED, ROOT_STYLE, TEXT, Html, el
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hfbridge._views.explain_step import StepTrace
+
+__all__ = ["step_html"]
+
+_CHOSEN = f"background:#fdd0a2;color:{TEXT}"  # the chosen token's cell: a pair, like every colour here
+_STRIPES = ("#ffffff", "#f6f8fa")
+_CELL = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;vertical-align:top"
+
+
+def step_html(trace: StepTrace) -> str:
+    """The trace as one `<div>` with inline styles (what Jupyter shows)."""
+    from hfbridge._views.explain_step import params_text
+
+    head = [el("th", "", style=f"{CARD}")]
+    for number, stage in enumerate(trace.stages):
+        params = params_text(stage.params)
+        head.append(el("th", f"[{number}] {stage.short_name}",
+                       el("br") if params else None,
+                       el("span", params, style="font-weight:normal;font-size:85%;white-space:normal") if params
+                       else None,
+                       style=f"text-align:left;vertical-align:top;padding:1px 6px 1px 3px;max-width:14em;{CARD}"))
+    depth = max(len(s.top_ids) for s in trace.stages)
+    body = []
+    for rank in range(depth):
+        row = _STRIPES[rank % 2]
+        cells = [el("td", rank + 1, style=f"text-align:right;color:{MUTED}")]
+        for stage in trace.stages:
+            if rank >= len(stage.top_ids):
+                cells.append(el("td"))
+                continue
+            token_id, score, prob = stage.top_ids[rank], stage.top_scores[rank], stage.top_probs[rank]
+            chosen = token_id == trace.token
+            # An inline bar (not a CSS gradient) renders the same in every notebook front end.
+            bar = el("span", style=f"display:inline-block;height:0.7em;width:{max(1, round(28 * prob))}px;"
+                                   f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:4px")
+            style = _CELL + (f";font-weight:bold;{_CHOSEN}" if chosen else "")
+            cells.append(el(
+                "td",
+                el("code", trace.token_label(token_id), style=f"font-family:{MONO};white-space:pre"),
+                f" {prob:.3f}", bar,
+                title=f"id {token_id}, score {score:.4f}", style=style))
+        body.append(el("tr", *cells, style=f"background:{row};color:{TEXT}"))
+    for title, values in (("possible", [str(s.possible) for s in trace.stages]),
+                          ("entropy (nats)", [f"{s.entropy:.3f}" for s in trace.stages])):
+        body.append(el("tr", el("td", title, style=f"text-align:right;color:{MUTED};white-space:nowrap"),
+                       *(el("td", value, style=_CELL) for value in values),
+                       style=f"border-top:1px solid #d0d7de;background:#ffffff;color:{TEXT}"))
+    return el(
+        "div",
+        el("b", f"explain_step: {trace.summary()}"), el("br"),
+        el("span", "each cell: token and probability (bar); hover a cell for the token's id and score; the chosen "
+                   "token is highlighted",
+           style=f"font-size:85%;color:{MUTED}"),
+        _table(head, body),
+        class_="hfbridge-step",
+        style=f"{ROOT_STYLE};{CARD};border:1px solid #d0d7de;border-radius:6px;padding:8px 12px;max-width:100%;"
+              "overflow-x:auto;box-sizing:border-box",
+    )
+
+
+def _table(head: list[Html], body: list[Html]) -> Html:
+    return el("table", el("thead", el("tr", *head)), el("tbody", *body),
+              style=f"border-collapse:collapse;font-size:90%;margin-top:4px;{CARD}")
