@@ -53,6 +53,8 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
     return_dict_in_generate: Literal[False] = False,
     **kwargs: Any,
 ) -> torch.Tensor: ...
@@ -77,6 +79,8 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
     return_dict_in_generate: Literal[True],
     **kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
@@ -101,6 +105,8 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
     return_dict_in_generate: bool | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
