@@ -108,3 +108,22 @@ def _user_facing_code() -> dict[str, str]:
 def test_user_facing_files_name_no_private_module(name, text):
     private = sorted(set(re.findall(r"hfbridge(?:\.\w+)*\._(?!_)\w+", text)))
     assert not private, f"{name} names private modules {private}; give what it needs a public name"
+
+
+def test_generate_options_have_one_field_per_keyword_of_generate():
+    from hfbridge._generate.options import GenerateOptions, option_names
+
+    parameters = inspect.signature(hfbridge.generate).parameters
+    keywords = [name for name, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert list(option_names()) == keywords
+    for name in keywords:  # the same defaults
+        assert getattr(GenerateOptions(), name) == parameters[name].default, name
+    assert GenerateOptions().kwargs == {}
+
+
+def test_the_strategy_table_has_a_row_per_mode_generate_runs():
+    from hfbridge._generate.modes import SUPPORTED
+    from hfbridge._generate.strategies import STRATEGIES
+
+    assert sorted(STRATEGIES) == sorted(SUPPORTED)
+    assert {row.run.__name__ for row in STRATEGIES.values()} == {"run_loop", "run_beam", "run_assisted"}
