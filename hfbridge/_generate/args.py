@@ -1,6 +1,6 @@
 """The arguments of `generate`, checked before anything runs: each wrong one gets an error naming it.
 
-`checked_arguments` is step 1 of `generate` (`_generate.py`): the prompt and its mask, `**kwargs`
+`checked_arguments` is step 1 of `generate` (`_generate/generate.py`): the prompt and its mask, `**kwargs`
 split into generation options (fields of the installed `GenerationConfig`) and model inputs, with a
 did-you-mean hint for names neither knows, the streamer, the generator and the layout.
 

@@ -121,7 +121,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
 
 
 def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:
-    """Step 5, the loop of HF's `_sample` (`_loop.py`), in place on `call`."""
+    """Step 5, the loop of HF's `_sample` (`_generate/loop.py`), in place on `call`."""
     loop_decode(adapter, call, streamer, bar, loop or LoopOptions())
 
 

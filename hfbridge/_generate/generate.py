@@ -140,7 +140,7 @@ def generate(
 
     For the same options and the same `torch.manual_seed`, the result is token for token what
     `model.generate()` returns for an HF model called the same way (greedy, sampling, beam search and
-    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_beam.py`).
+    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_generate/hf_loops/beam.py`).
 
     Args:
         model: A plain callable `model(input_ids) -> logits` that recomputes the whole sequence

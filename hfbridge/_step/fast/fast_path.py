@@ -4,8 +4,9 @@
 kernels that keep the tokens HF's keep; any other processor is called through HF unchanged, in its
 place. Known processors are matched by exact type (a subclass that overrides `__call__` goes
 through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) are read from them.
-What a filter decides is kept pending in a `FastState` (`_fast_state.py`) and written into the
-scores only if something reads them:
+What a filter decides is kept pending in a `FastState` (`state.py`), as one tagged value
+(`pending.py`), and written into the scores only if something reads them. Which top-p route runs
+is decided in one place, `top_p/route.py`. The processors it knows:
 
 - `TemperatureLogitsWarper`: the same `scores / temperature`, deferred: a top-k right after it
   divides only its candidates (dividing by a positive number keeps the order). Scores lent
@@ -15,16 +16,16 @@ scores only if something reads them:
   The draw then looks at the k candidates only.
 - `TopPLogitsWarper`: HF sorts ascending and drops every token whose cumulative probability is
   `<= 1 - top_p` (a float32 comparison), keeping its last `min_tokens_to_keep`. Here the cut is
-  found without the sort among 64 (then 512) candidates, the best scores (`_candidates.py`), when
+  found without the sort among 64 (then 512) candidates, the best scores (`_step/fast/candidates.py`), when
   a check proves they contain it. When more tokens survive, the draw needs no cut: it draws from
   the whole softmax and keeps the token if HF does (at once for the candidates that surely
   survive, else by the running sum at the token's place), drawing that row again if not
-  (`_top_p_draw.py`; candidates that a bound shows cannot hold the cut are not even tried).
+  (`_step/fast/top_p/draw.py`; candidates that a bound shows cannot hold the cut are not even tried).
   Scores that something reads (`fast_scores`, a later processor, an error message) get the cut
   from a sorted compaction or a radix select over the bits of the probabilities.
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
-A single row on CPU (batch 1) finds the top-p cut in `_one_row.py` instead, on NumPy views (torch's
+A single row on CPU (batch 1) finds the top-p cut in `_step/fast/one_row.py` instead, on NumPy views (torch's
 fixed cost per op would outweigh the data): a compaction of the tokens above a bound, or a
 histogram of the probabilities' bits when many tokens are kept.
 
@@ -35,7 +36,7 @@ filter left candidates, otherwise in two levels (block sums, then inside the cho
 What "the same" means. `fast=True` gives HF's distribution, not HF's random stream: the tokens
 differ from `torch.multinomial`'s for the same seed. Surviving scores are bit for bit HF's, and the
 renormalised probabilities agree to float rounding. Tokens of equal float32 probability but
-different scores are ordered by score, as HF's sort of the scores orders them (`_top_p.py`). Two
+different scores are ordered by score, as HF's sort of the scores orders them (`_step/fast/top_p/mask.py`). Two
 places where HF's own result depends on details it does not specify: (1) when tokens of exactly
 equal score straddle a cut (top-k, top-p, or `min_tokens_to_keep`), HF keeps some of them in the
 order of `torch.sort` / `torch.topk`, which is not stable on CPU; the fast path keeps the same
@@ -50,9 +51,9 @@ decide whether the candidates suffice and which rows draw again. On other device
 `torch.compile` only the fixed-shape kernels run: no data-dependent Python control flow and no host-device sync (with
 `fullgraph=True`, pass `generator=None` and seed with `torch.manual_seed`: dynamo cannot trace a
 `torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and draws among them;
-`torch.cond` runs the radix select only when a row's cut is not among them (`_fixed_shape.py`); eager on an accelerator
-the radix select runs alone, as `torch.cond` would read its flag on the host.
-`with accelerator_route():` (`_routes.py`) runs that eager accelerator route on CPU too.
+`torch.cond` runs the radix select only when a row's cut is not among them (`top_p/compiled.py`);
+eager on an accelerator the radix select runs alone, as `torch.cond` would read its flag on the host.
+`with accelerator_route():` (`_step/routes.py`) runs that eager accelerator route on CPU too.
 
 Rows that cannot be sampled. A row whose final scores hold NaN or `+inf`, or nothing above `-inf`,
 has no distribution; HF's `torch.multinomial` fails on it. The fused kernels give such a row an

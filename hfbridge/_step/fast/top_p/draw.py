@@ -1,7 +1,7 @@
 """HF's top-p draw when many tokens survive, without finding the cut: draw, then check the token.
 
 When thousands of tokens survive top-p (flat rows, temperature 1), no small candidate set holds
-the cut, and finding it exactly over the vocabulary (`_top_p_sorted.py`) costs tens of reads of
+the cut, and finding it exactly over the vocabulary (`_step/fast/top_p/sorted_mask.py`) costs tens of reads of
 the row. Sampling does not need the cut, only HF's distribution: the softmax restricted to the
 tokens HF keeps. `draw_top_p` draws from the whole softmax and accepts the token if HF keeps it,
 else draws that row again (rejection sampling: the accepted token has exactly the restricted
@@ -53,7 +53,7 @@ __all__ = ["TopPDraw", "draw_top_p", "kept_exactly", "top_p_route"]
 _ROUNDS = 32  # draws per row before the rows still refused take the radix select
 _MIN_TOP_P = 0.5  # below, rows draw again too often (about 1 / top_p draws per row): find the cut
 _BLOCK = 16  # probabilities per float32 partial sum in `kept_exactly` (as in `certified_total`)
-_SLACK = 16 * 2.0**-24  # its relative error bound, with room for the float64 sum (`_candidates.py`)
+_SLACK = 16 * 2.0**-24  # its relative error bound, with room for the float64 sum (`_step/fast/candidates.py`)
 _GROUP = 32  # partial sums per group in `_draw_by_partial_sums`
 
 

@@ -4,9 +4,9 @@ HF's `TopPLogitsWarper` sorts each row ascending, takes the running sum of the p
 (float32 values summed in float64 by torch's CPU `cumsum`, each sum rounded to float32) and drops
 the tokens whose running sum is `<= 1 - top_p`. Sorting the probabilities gives the same sequence of
 running sums: equal probabilities are equal addends whatever their order, and a softmax never ranks
-a lower score above a higher one. `torch.sort` costs about 80 ns per element on CPU; NumPy's
-vectorised sort (x86-simd-sort on AVX-512 and AVX2) about 5, which makes the exact cut cheaper than
-any radix select built from torch ops. Only the rows' order of equal probabilities is left to decide:
+a lower score above a higher one. NumPy's vectorised sort (x86-simd-sort on AVX-512 and AVX2)
+costs a small fraction of `torch.sort` on CPU (benchmarks/README.md), which makes the exact cut
+cheaper than any radix select built from torch ops. Only the rows' order of equal probabilities is left to decide:
 a tie group split by the cut keeps its highest scores, as HF's sort by score does (exactly equal
 scores: lowest ids first, as `keep_highest`).
 
