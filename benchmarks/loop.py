@@ -49,8 +49,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "tests"))
 from _host_reads import HostReads  # noqa: E402
 
-from hfbridge import ReturnsCache, Sampler, generate  # noqa: E402
-from hfbridge._step.routes import accelerator_route  # noqa: E402
+from hfbridge import ReturnsCache, Sampler, accelerator_route, generate  # noqa: E402
 
 MODES = {
     "greedy": dict(do_sample=False),
@@ -305,7 +304,7 @@ def host_reads(vocab: int) -> float:
           "fast sampling step)\n")
     print("On CPU eager greedy's argmax reads the logits through numpy and the fast step's candidate route reads a "
           "few flags (CPU memory, no sync); an accelerator runs neither: the accelerator route, forced here on CPU "
-          "with `hfbridge._step.routes.accelerator_route()`, is what the target counts.\n")
+          "with `hfbridge.accelerator_route()`, is what the target counts.\n")
     print("| mode | model.generate | hfbridge.generate, CPU eager | hfbridge.generate, accelerator route | "
           "target <= 1 (greedy, fast) |")
     print("|---|---:|---:|---:|---|")

@@ -9,9 +9,11 @@
 from hfbridge._generate.generate import generate
 from hfbridge._generate.transition_scores import compute_transition_scores
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, ReturnsCache
+from hfbridge._models.cache import crop_cache, reorder_cache
 from hfbridge._models.hooks import Hooks
 from hfbridge._step.build_processors import build_processors
 from hfbridge._step.layout import Layout, from_rows, to_rows
+from hfbridge._step.routes import accelerator_route
 from hfbridge._step.sample_step import sample_step
 from hfbridge._step.sampler import Sampler
 from hfbridge._views.explain_generation import GenerationTrace, TokenStep, explain_generation
@@ -32,12 +34,15 @@ __all__ = [
     "Sampler",
     "StepTrace",
     "TokenStep",
+    "accelerator_route",
     "build_processors",
     "compute_transition_scores",
+    "crop_cache",
     "explain_generation",
     "explain_step",
     "from_rows",
     "generate",
+    "reorder_cache",
     "sample_step",
     "to_rows",
 ]

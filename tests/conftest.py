@@ -1,12 +1,21 @@
-"""Fixtures shared by the generate tests (opted into per module with `pytestmark`)."""
+"""Fixtures shared by the tests (opted into per module with `pytestmark`), and the helpers' folder on sys.path."""
 
 import os
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import settings
 from transformers.utils import logging as hf_logging
+
+# The tests live in folders that mirror the package's wings (step/, fast/, generate/, views/); their
+# shared helpers (_tiny_models, _zipf, _host_reads, _two_ranks) stay here and are imported as
+# top-level modules (`from _tiny_models import ...`) from any folder.
+TESTS = str(Path(__file__).resolve().parent)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 # The property tests draw the same examples on every run (CI must not turn red by the luck of a draw);
 # HYPOTHESIS_PROFILE=explore draws new ones, for hunting bugs locally.

@@ -1,6 +1,6 @@
 """The arguments of `generate`, checked before anything runs: each wrong one gets an error naming it.
 
-`checked_arguments` is step 1 of `generate` (`_generate.py`): the prompt and its mask, `**kwargs`
+`checked_arguments` is step 1 of `generate` (`_generate/generate.py`): the prompt and its mask, `**kwargs`
 split into generation options (fields of the installed `GenerationConfig`) and model inputs, with a
 did-you-mean hint for names neither knows, the streamer, the generator and the layout.
 
@@ -20,44 +20,18 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._generate.loop import LoopOptions
-from hfbridge._generate.strategies import check_strategy, is_assisted, is_beam
+from hfbridge._generate.modes import check_strategy
+from hfbridge._generate.options import option_names
 from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_flag, check_options, check_tokenizer, did_you_mean
 
-__all__ = ["check_config", "check_input_ids", "check_loop_options", "checked_arguments", "has_default_max_length",
-           "split_kwargs"]
+__all__ = ["check_config", "check_input_ids", "checked_arguments", "has_default_max_length", "split_kwargs"]
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
-_PARAMETERS = ("attention_mask", "generation_config", "processors", "stopping_criteria", "streamer", "tokenizer",
-               "layout", "vocab_size", "generator", "progress", "fast", "max_context", "prefix_allowed_tokens_fn",
-               "assistant_model", "check_every", "synced_gpus")
+_PARAMETERS = option_names()
 _HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
-
-
-def check_loop_options(loop: LoopOptions, config: GenerationConfig, assistant_model: Any) -> None:
-    """`check_every` belongs to hfbridge's own greedy/sampling loop, and `synced_gpus` to it and beam
-    search; HF's other loops run here without them, so asking for them there is refused rather than
-    silently ignored."""
-    if is_assisted(config, assistant_model):
-        strategy = "assisted / prompt-lookup decoding"
-    elif is_beam(config):
-        strategy = "beam search"
-    else:
-        return
-    if loop.check_every != 1:
-        raise ValueError(
-            f"`check_every`={loop.check_every} applies to greedy search and sampling; {strategy} runs HF's own "
-            "loop, which checks every step. Drop check_every."
-        )
-    if loop.synced and not is_beam(config):
-        raise ValueError(
-            f"`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge supports for greedy "
-            f"search, sampling and beam search, not yet for {strategy}; use one of those, or synced_gpus=False when "
-            "every rank makes the same number of model calls anyway."
-        )
 
 
 def check_input_ids(input_ids: Any) -> None:

@@ -5,11 +5,10 @@
 which is why they live below the public `generate` module.
 
 >>> import torch
+>>> from hfbridge._generate.options import GenerateOptions
 >>> from hfbridge._models.adapters import as_adapter
 >>> adapter = as_adapter(lambda ids: torch.nn.functional.one_hot(ids % 3, 3).float())
->>> call = prepare(adapter, torch.tensor([[0, 1]]), attention_mask=None, generation_config=None,
-...                processors=None, stopping_criteria=None, streamer=None, tokenizer=None, layout=None,
-...                vocab_size=None, generator=None, fast=False, kwargs={"max_new_tokens": 2})
+>>> call = prepare(adapter, torch.tensor([[0, 1]]), GenerateOptions(kwargs={"max_new_tokens": 2}))
 >>> decode(adapter, call, streamer=None, bar=None)
 >>> call.sequences.tolist()
 [[0, 1, 1, 1]]
@@ -30,7 +29,8 @@ from hfbridge._generate.args import check_config, checked_arguments, has_default
 from hfbridge._generate.hf_loops.beam import check_beam_options
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
-from hfbridge._generate.strategies import is_assisted, is_beam
+from hfbridge._generate.modes import is_assisted, is_beam
+from hfbridge._generate.options import GenerateOptions
 from hfbridge._hf.host import ProcessorHost, generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.hf_model import HFModel
@@ -57,24 +57,24 @@ class Call:
     user_code: bool = False
 
 
-def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
-             stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
-             fast: bool, kwargs: dict[str, Any], prefix_allowed_tokens_fn: Any = None,
-             assistant_model: Any = None) -> Call:
+def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> Call:
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
+    generation_config, streamer, generator = options.generation_config, options.streamer, options.generator
+    tokenizer, fast, assistant_model = options.tokenizer, options.fast, options.assistant_model
     # 1. Arguments, and `**kwargs` split into generation options and model inputs.
-    attention_mask, options, model_inputs, layout = checked_arguments(
-        adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config, streamer=streamer,
-        generator=generator, layout=layout, fast=fast, kwargs=kwargs)
+    attention_mask, config_options, model_inputs, layout = checked_arguments(
+        adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
+        streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=options.kwargs)
     batch, prompt_length = input_ids.shape
     device = input_ids.device
 
     # 2. The config, exactly as HF's `generate` prepares it (defaults, lengths, validation, special tokens).
-    do_sample = options.pop("do_sample", None)
+    do_sample = config_options.pop("do_sample", None)
     # An HF model's own generation_config supplies the defaults, merged by HF's code (`HFModel.host`).
     host = adapter.host(device) if isinstance(adapter, HFModel) else ProcessorHost(device=device)
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
-                                    accepted=generation_option_names(), caller="generate", host=host, **options)
+                                    accepted=generation_option_names(), caller="generate", host=host,
+                                    **config_options)
     check_config(config, tokenizer, assistant_model)
     if is_beam(config):
         check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
@@ -88,7 +88,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
             UserWarning,
             stacklevel=3,
         )
-    default_max_length = has_default_max_length(options, generation_config)
+    default_max_length = has_default_max_length(config_options, generation_config)
     host._as_mixin()._validate_generated_length(config, prompt_length, default_max_length)
 
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
@@ -107,16 +107,17 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
         )
 
     # 4. This call's criteria and processors (fresh: stateful processors start clean).
-    criteria = host.stopping_criteria(config, _criteria_list(stopping_criteria), tokenizer=tokenizer)
+    criteria = host.stopping_criteria(config, _criteria_list(options.stopping_criteria), tokenizer=tokenizer)
     if pads_finished(criteria) and config._pad_token_tensor is None:
         raise ValueError(
             "a stopping criterion has an `eos_token_id`, so finished rows need a `pad_token_id`; pass "
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
         )
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
-    sampler = Sampler.from_prepared(config, processors=processors, layout=layout, vocab_size=vocab_size,
-                                    generator=generator, prompt_length=prompt_length, attention_mask=padding,
-                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    sampler = Sampler.from_prepared(config, processors=options.processors, layout=layout,
+                                    vocab_size=options.vocab_size, generator=generator, prompt_length=prompt_length,
+                                    attention_mask=padding, fast=fast,
+                                    prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn)
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
         state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model))
@@ -125,11 +126,12 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
                  prompts=batch, expand=expand,
                  scores=() if return_dict and config.output_scores else None,
                  raw_logits=() if return_dict and config.output_logits else None,
-                 user_code=bool(processors) or prefix_allowed_tokens_fn is not None or bool(stopping_criteria))
+                 user_code=(bool(options.processors) or options.prefix_allowed_tokens_fn is not None
+                           or bool(options.stopping_criteria)))
 
 
 def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:
-    """Step 5, the loop of HF's `_sample` (`_loop.py`), in place on `call`."""
+    """Step 5, the loop of HF's `_sample` (`_generate/loop.py`), in place on `call`."""
     loop_decode(adapter, call, streamer, bar, loop or LoopOptions())
 
 

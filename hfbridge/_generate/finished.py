@@ -14,7 +14,7 @@ decoding past the end changes no token: when the read finds every row finished, 
 tells where they finished and `generate` cuts the extra steps off.
 
 With `synced_gpus`, the flags are summed over the ranks of `torch.distributed` at each read
-(`_lockstep.py`), and a rank whose rows are finished keeps calling its model until all are.
+(`_generate/lockstep.py`), and a rank whose rows are finished keeps calling its model until all are.
 """
 
 from __future__ import annotations

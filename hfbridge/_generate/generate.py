@@ -1,32 +1,34 @@
 """`generate`: HF's decoding loop (`GenerationMixin._sample`) for models that are just callables.
 
 One call of `generate`, in the order of HF's `generate`:
-1. check the arguments and split `**kwargs` into generation options and model inputs (`_generate_args.py`);
+1. check the arguments and split `**kwargs` into generation options and model inputs (`args.py`);
 2. merge the options into a `GenerationConfig` as HF does (`_prepare_generation_config`), with
    lengths (`_prepare_generated_length`) and special tokens (`_prepare_special_tokens`) from HF;
 3. expand the prompt for `num_return_sequences`, put it in the streamer;
 4. build HF's stopping criteria and a fresh `Sampler` (HF's logits processors) for this call;
-5. loop (`_loop.py`): `forward` (the model adapter) -> last-position rows -> `process` -> `choose`
-   -> append (finished rows get `pad_token_id`) -> streamer -> stopping criteria, until every row
-   is finished (`_finished.py`: at most one host read per step; `_lockstep.py`: `synced_gpus`).
+5. run the strategy the config selects (`strategies.py`: mode -> runner). Greedy search and
+   sampling loop (`loop.py`): `forward` (the model adapter) -> last-position rows -> `process` ->
+   `choose` -> append (finished rows get `pad_token_id`) -> streamer -> stopping criteria, until
+   every row is finished (`finished.py`: at most one host read per step; `lockstep.py`:
+   `synced_gpus`); beam search and assisted decoding run HF's own loops (`hf_loops/`).
+
+The keyword arguments travel down as one `GenerateOptions` (`options.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, overload
 
 import torch
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
-from hfbridge._generate.args import check_loop_options
-from hfbridge._generate.call import decode, prepare, progress_bar
-from hfbridge._generate.hf_loops.assisted import generate_assisted
-from hfbridge._generate.hf_loops.beam import beam_search
+from hfbridge._generate.call import prepare
 from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
 from hfbridge._generate.loop import LoopOptions, check_every_option
-from hfbridge._generate.strategies import is_assisted, is_beam
+from hfbridge._generate.options import GenerateOptions
+from hfbridge._generate.strategies import strategy_for
 from hfbridge._models.adapters import ModelAdapter, as_adapter
 from hfbridge._step.layout import LayoutLike
 from hfbridge._step.option_checks import check_flag
@@ -53,6 +55,8 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
     return_dict_in_generate: Literal[False] = False,
     **kwargs: Any,
 ) -> torch.Tensor: ...
@@ -77,6 +81,8 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
     return_dict_in_generate: Literal[True],
     **kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
@@ -101,6 +107,8 @@ def generate(
     max_context: int | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
+    check_every: int = 1,
+    synced_gpus: bool | None = None,
     return_dict_in_generate: bool | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
@@ -132,7 +140,7 @@ def generate(
 
     For the same options and the same `torch.manual_seed`, the result is token for token what
     `model.generate()` returns for an HF model called the same way (greedy, sampling, beam search and
-    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_beam.py`).
+    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_generate/hf_loops/beam.py`).
 
     Args:
         model: A plain callable `model(input_ids) -> logits` that recomputes the whole sequence
@@ -217,60 +225,21 @@ def generate(
     >>> out.shape
     torch.Size([1, 8])
     """
+    options = GenerateOptions(
+        attention_mask=attention_mask, generation_config=generation_config, processors=processors,
+        stopping_criteria=stopping_criteria, streamer=streamer, tokenizer=tokenizer, layout=layout,
+        vocab_size=vocab_size, generator=generator, progress=progress, fast=fast, max_context=max_context,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
+        check_every=check_every, synced_gpus=synced_gpus, kwargs=kwargs)
     with torch.no_grad():  # as HF's generate: no autograd graph grows over the steps
-        return _generate(model, input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                         processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
-                         tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator,
-                         progress=progress, fast=fast, max_context=max_context,
-                         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
-                         check_every=check_every, synced_gpus=synced_gpus, kwargs=kwargs)
+        return _generate(model, input_ids, options)
 
 
-def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_config: Any, processors: Any,
-              stopping_criteria: Any, streamer: Any, tokenizer: Any, layout: Any, vocab_size: Any, generator: Any,
-              progress: bool, fast: bool, max_context: Any, prefix_allowed_tokens_fn: Any, assistant_model: Any,
-              check_every: Any, synced_gpus: Any, kwargs: dict[str, Any]) -> torch.Tensor | GenerateDecoderOnlyOutput:
-    check_flag("progress", progress, optional=False)
-    adapter = as_adapter(model, max_context=max_context)
-    loop = LoopOptions(check_every=check_every_option(check_every),
-                       synced=resolve_synced_gpus(synced_gpus, adapter.model))
-    call = prepare(adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                    processors=processors, stopping_criteria=stopping_criteria, streamer=streamer,
-                    tokenizer=tokenizer, layout=layout, vocab_size=vocab_size, generator=generator, fast=fast,
-                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
-                    kwargs=kwargs)
-    check_loop_options(loop, call.config, assistant_model)
-    if is_assisted(call.config, assistant_model):  # HF's own assisted loop on the adapter (`_assisted.py`)
-        return generate_assisted(adapter, call, assistant_model=assistant_model, processors=processors,
-                                 streamer=streamer, layout=layout, vocab_size=vocab_size, generator=generator,
-                                 fast=fast, progress=progress)
-    bar = progress_bar(progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
-    if is_beam(call.config):  # HF's own beam loop on the adapter (`_beam.py`)
-        try:
-            return beam_search(adapter, input_ids=call.sequences, attention_mask=call.mask, state=call.state,
-                               config=call.config, sampler=call.sampler, criteria=call.criteria,
-                               prompts=call.prompts, on_step=None if bar is None else lambda: bar.update(1),
-                               synced=loop.synced)
-        finally:
-            if bar is not None:
-                bar.close()
-    try:
-        if streamer is not None:
-            streamer.put(call.sequences.cpu())  # the prompt first, as HF
-        decode(adapter, call, streamer, bar, loop)
-    except BaseException:
-        if streamer is not None:
-            streamer.end()  # so that a TextIteratorStreamer's reader stops instead of waiting forever
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    if streamer is not None:
-        streamer.end()
-
-    if call.config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(
-            sequences=cast(torch.LongTensor, call.sequences), scores=call.scores, logits=call.raw_logits,
-            attentions=None, hidden_states=None, past_key_values=adapter.cache(call.state),
-        )
-    return call.sequences
+def _generate(model: Any, input_ids: Any, options: GenerateOptions) -> Any:
+    check_flag("progress", options.progress, optional=False)
+    adapter = as_adapter(model, max_context=options.max_context)
+    loop = LoopOptions(check_every=check_every_option(options.check_every),
+                       synced=resolve_synced_gpus(options.synced_gpus, adapter.model))
+    call = prepare(adapter, input_ids, options)
+    strategy = strategy_for(call.config, options.assistant_model, loop)  # the strategy table (`strategies.py`)
+    return strategy.run(adapter, call, options, loop)

@@ -1,78 +1,128 @@
-"""Which decoding strategy a prepared `GenerationConfig` selects, and the ones `generate` refuses.
+"""The strategy table: HF's generation mode -> the runner that decodes it, as HF's `GENERATION_MODES_MAPPING`.
 
-HF's `GenerationConfig.get_generation_mode()` names the strategy. hfbridge runs greedy search and
-sampling in its own loop (`_generate.py`), beam search and beam sampling in HF's own loop
-(`_beam.py`), assisted and prompt-lookup decoding in HF's own loop too (`_assisted.py`). Group
-beam search, constrained beam search, DoLa and contrastive search are refused: transformers 5
-moved them out of its core into `custom_generate` repositories on the Hub
-(`transformers-community/...`, loaded with `trust_remote_code=True`; 4.x still ran them from its
-core), and DoLa and contrastive search also read hidden states that a plain callable does not return.
+`modes.py` says which mode a prepared config selects and refuses the modes hfbridge does not run;
+here each mode it runs has one row: its runner and the loop options (`check_every`, `synced_gpus`)
+the runner honours. A runner takes the prepared call and returns what `generate` returns.
+
+| mode | runner | loop options |
+| --- | --- | --- |
+| `greedy_search`, `sample` | `run_loop`: hfbridge's own loop (`loop.py`) | `check_every`, `synced_gpus` |
+| `beam_search`, `beam_sample` | `run_beam`: HF's `_beam_search` (`hf_loops/beam.py`) | `synced_gpus` |
+| `assisted_generation` | `run_assisted`: HF's `_assisted_decoding`, draft or lookup (`hf_loops/assisted.py`) | - |
+
+A new strategy is one runner and one row here (and its mode's name in `modes.SUPPORTED`).
+
+>>> from transformers import GenerationConfig
+>>> strategy_for(GenerationConfig(num_beams=2), None).run.__name__
+'run_beam'
+>>> sorted(STRATEGIES)
+['assisted_generation', 'beam_sample', 'beam_search', 'greedy_search', 'sample']
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from collections.abc import Callable
+from typing import Any, cast
 
+import torch
 from transformers import GenerationConfig
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-GREEDY_AND_SAMPLING = ("greedy_search", "sample")
-BEAM = ("beam_search", "beam_sample")
-ASSISTED = "assisted_generation"
+from hfbridge._generate.call import Call, decode, progress_bar
+from hfbridge._generate.hf_loops.assisted import generate_assisted
+from hfbridge._generate.hf_loops.beam import beam_search
+from hfbridge._generate.loop import LoopOptions
+from hfbridge._generate.modes import mode_of
+from hfbridge._generate.options import GenerateOptions
+from hfbridge._models.adapters import ModelAdapter
 
-# mode -> (the options that select it, HF's Hub repository since transformers 5, what else stands in the way)
-MOVED_OUT_OF_HF_CORE = {
-    "group_beam_search": ("num_beam_groups > 1", "transformers-community/group-beam-search",
-                          "hfbridge runs the strategies of HF's core loops only"),
-    "constrained_beam_search": ("constraints / force_words_ids", "transformers-community/constrained-beam-search",
-                                "hfbridge runs the strategies of HF's core loops only"),
-    "dola_generation": ("dola_layers", "transformers-community/dola",
-                        "it also contrasts the hidden states of early layers, which a callable does not return"),
-    "contrastive_search": ("penalty_alpha > 0 with top_k > 1", "transformers-community/contrastive-search",
-                           "it also re-ranks candidates with the model's hidden states"),
+__all__ = ["STRATEGIES", "Strategy", "run_assisted", "run_beam", "run_loop", "strategy_for"]
+
+Runner = Callable[[ModelAdapter, Call, GenerateOptions, LoopOptions], Any]
+
+
+def run_loop(adapter: ModelAdapter, call: Call, options: GenerateOptions, loop: LoopOptions) -> Any:
+    """Greedy search and sampling: hfbridge's own one-token loop, HF's `_sample`."""
+    streamer = options.streamer
+    bar = progress_bar(options.progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
+    try:
+        if streamer is not None:
+            streamer.put(call.sequences.cpu())  # the prompt first, as HF
+        decode(adapter, call, streamer, bar, loop)
+    except BaseException:
+        if streamer is not None:
+            streamer.end()  # so that a TextIteratorStreamer's reader stops instead of waiting forever
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if streamer is not None:
+        streamer.end()
+    if call.config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(
+            sequences=cast(torch.LongTensor, call.sequences), scores=call.scores, logits=call.raw_logits,
+            attentions=None, hidden_states=None, past_key_values=adapter.cache(call.state),
+        )
+    return call.sequences
+
+
+def run_beam(adapter: ModelAdapter, call: Call, options: GenerateOptions, loop: LoopOptions) -> Any:
+    """Beam search and beam sampling: HF's own beam loop on the adapter."""
+    bar = progress_bar(options.progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
+    try:
+        return beam_search(adapter, input_ids=call.sequences, attention_mask=call.mask, state=call.state,
+                           config=call.config, sampler=call.sampler, criteria=call.criteria,
+                           prompts=call.prompts, on_step=None if bar is None else lambda: bar.update(1),
+                           synced=loop.synced)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def run_assisted(adapter: ModelAdapter, call: Call, options: GenerateOptions, loop: LoopOptions) -> Any:
+    """Assisted and prompt-lookup decoding: HF's own assisted loop on the adapter."""
+    return generate_assisted(adapter, call, assistant_model=options.assistant_model, processors=options.processors,
+                             streamer=options.streamer, layout=options.layout, vocab_size=options.vocab_size,
+                             generator=options.generator, fast=options.fast, progress=options.progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """One row of the table: the runner, and the loop options it honours (others are refused)."""
+
+    name: str  # as the error messages name it
+    run: Runner
+    check_every: bool  # reads `check_every` (checks finished rows every n steps)
+    synced_gpus: bool  # keeps the ranks of torch.distributed in lockstep
+
+
+_LOOP = "greedy search and sampling"
+STRATEGIES: dict[str, Strategy] = {
+    "greedy_search": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True),
+    "sample": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True),
+    "beam_search": Strategy("beam search", run_beam, check_every=False, synced_gpus=True),
+    "beam_sample": Strategy("beam search", run_beam, check_every=False, synced_gpus=True),
+    "assisted_generation": Strategy("assisted / prompt-lookup decoding", run_assisted, check_every=False,
+                                    synced_gpus=False),
 }
 
 
-def mode_of(config: GenerationConfig, assistant_model: Any = None) -> str:
-    """The name of the strategy `config` selects (HF's `GenerationMode` value), with a draft model or not.
-
-    >>> mode_of(GenerationConfig(num_beams=3)), mode_of(GenerationConfig(prompt_lookup_num_tokens=3))
-    ('beam_search', 'assisted_generation')
-    """
-    mode = config.get_generation_mode(assistant_model)
-    return str(getattr(mode, "value", mode))
-
-
-def is_beam(config: GenerationConfig) -> bool:
-    """Whether `config` selects beam search or beam sampling."""
-    return mode_of(config) in BEAM
-
-
-def is_assisted(config: GenerationConfig, assistant_model: Any = None) -> bool:
-    """Whether `config` (and an assistant model) select assisted or prompt-lookup decoding."""
-    return mode_of(config, assistant_model) == ASSISTED
-
-
-def check_strategy(config: GenerationConfig, assistant_model: Any = None) -> None:
-    """Raise `ValueError` for a strategy `generate` does not run, saying why and what to use instead."""
-    mode = mode_of(config, assistant_model)
-    drafted = assistant_model is not None or config.prompt_lookup_num_tokens is not None
-    if drafted and mode in BEAM:
+def strategy_for(config: GenerationConfig, assistant_model: Any, loop: LoopOptions | None = None) -> Strategy:
+    """The row for the mode `config` (with `assistant_model`) selects; refuses loop options its runner
+    ignores, rather than ignoring them silently. The mode is one `modes.check_strategy` accepted."""
+    strategy = STRATEGIES[mode_of(config, assistant_model)]
+    if loop is None:
+        return strategy
+    if loop.check_every != 1 and not strategy.check_every:
         raise ValueError(
-            f"`assistant_model` / `prompt_lookup_num_tokens` draft tokens for greedy search and sampling only; with "
-            f"num_beams={config.num_beams} HF would ignore them and run beam search. Pass one or the other."
+            f"`check_every`={loop.check_every} applies to greedy search and sampling; {strategy.name} runs HF's "
+            "own loop, which checks every step. Drop check_every."
         )
-    if mode in GREEDY_AND_SAMPLING or mode in BEAM or mode == ASSISTED:
-        return
-    name = {"dola_generation": "DoLa decoding"}.get(mode, mode.replace("_", " "))
-    if mode in MOVED_OUT_OF_HF_CORE:
-        options, repo, why = MOVED_OUT_OF_HF_CORE[mode]
+    if loop.synced and not strategy.synced_gpus:
         raise ValueError(
-            f"generate() does not support {name} (selected by {options}): transformers 5 moved it out of its "
-            f"core into the Hub repository {repo} (loaded by HF's generate with custom_generate= and "
-            f"trust_remote_code=True), and {why}. Use greedy search, sampling, or beam search (num_beams > 1 "
-            "without num_beam_groups, constraints or force_words_ids)."
+            f"`synced_gpus` is on (ranks of torch.distributed kept in lockstep), which hfbridge supports for greedy "
+            f"search, sampling and beam search, not yet for {strategy.name}; use one of those, or synced_gpus=False "
+            "when every rank makes the same number of model calls anyway."
         )
-    raise ValueError(
-        f"generate() does not support {name} (num_beams={config.num_beams}); it runs greedy search, sampling, "
-        "beam search and beam sampling."
-    )
+    return strategy

@@ -1,7 +1,7 @@
 """The `Hooks` adapter: your own `prepare_inputs` / `update` hooks, HF's generation contract.
 
 For models that need more than the built-in adapters feed them (HF's `prepare_inputs_for_generation`
-and `_update_model_kwargs_for_generation`, or your own versions of them). See `_models.py` for the
+and `_update_model_kwargs_for_generation`, or your own versions of them). See `_models/adapters.py` for the
 adapters' common contract (`ModelAdapter`) and the per-call `state` dict.
 
 >>> import torch

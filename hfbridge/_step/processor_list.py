@@ -76,8 +76,9 @@ _SCORES_ONLY: dict[type, bool] = {}  # HF's processor classes -> their `__call__
 
 def _takes_scores_only(processor: Any) -> bool:
     """Whether HF's `LogitsProcessorList` calls `processor` as `processor(input_ids, scores)`, known
-    without asking `inspect.signature` (which HF's list does for every processor at every step,
-    about 10 µs each, more once a step's large ops have evicted its code from the caches). Only
+    without asking `inspect.signature` (which HF's list does for every processor at every step, a
+    cost that grows once a step's large ops have evicted its code from the caches; figures in
+    benchmarks/README.md). Only
     transformers' own processor classes are remembered, by class, unless an instance carries its
     own `__call__`; anything else goes through HF's list."""
     kind = type(processor)

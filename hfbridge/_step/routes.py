@@ -1,8 +1,8 @@
 """CPU-only shortcuts, and the switch that turns them off to show what an accelerator runs.
 
 On CPU a look at a value costs nothing (no device to wait for), and some steps are cheaper with
-one: the fast path's candidate route checks a flag to skip its fixed-shape kernels (`_fast.py`);
-greedy's argmax runs in numpy's vectorised kernel, about ten times faster than torch's CPU one
+one: the fast path's candidate route checks a flag to skip its fixed-shape kernels (`fast/`);
+greedy's argmax runs in numpy's vectorised kernel, several times faster than torch's CPU one
 (`greedy_choice`); the prompt's id range is read on the host (`ids_outside`). On an
 accelerator and under `torch.compile` none of them runs: no host read, no data-dependent control
 flow. `accelerator_route()` turns them off on CPU too, so that tests and benchmarks count the
@@ -30,7 +30,7 @@ __all__ = ["accelerator_route", "cpu_shortcuts", "greedy_choice", "ids_outside"]
 
 _ACCELERATOR_ROUTE: ContextVar[bool] = ContextVar("hfbridge_accelerator_route", default=False)
 _NUMPY_DTYPES = (torch.float32, torch.float64)  # numpy's argmax is vectorised for these; not bfloat16
-_LISTED_IDS = 1024  # ids checked as a Python list up to this many (~80 µs warm at 1024, numpy's ~8 µs)
+_LISTED_IDS = 1024  # ids checked as a Python list up to this many (numpy beyond: benchmarks/README.md)
 
 
 @contextlib.contextmanager
@@ -73,10 +73,9 @@ def ids_outside(ids: torch.Tensor, vocab: int) -> bool:
     """Whether integer `ids` (not empty) hold a value outside `[0, vocab)`, in one host read.
 
     On CPU a short prompt is read as a Python list, through numpy (no torch op): numpy's reduction,
-    or a torch reshape, costs 50-150 µs when it runs cold, after a step's vocabulary-sized ops have
-    evicted its code from the caches (measured in the step, B=1, V=32000), against a few µs for 64
-    ids as a list. Longer ones are read by numpy as unsigned, so that one maximum finds negative
-    ids too.
+    or a torch reshape, costs tens of times more when it runs cold, after a step's vocabulary-sized
+    ops have evicted its code from the caches (benchmarks/README.md). Longer ones are read by numpy
+    as unsigned, so that one maximum finds negative ids too.
     """
     if cpu_shortcuts(ids) and ids.dtype == torch.long:
         if ids.numel() <= _LISTED_IDS:

@@ -1,8 +1,8 @@
 """`sample_step`: one call, logits in, next tokens out, with the `Sampler`s it builds kept for reuse.
 
-Building a `Sampler` costs about 0.5 ms (HF's config preparation and processors), several times a
-greedy step on CPU, so calling `sample_step` in a loop reuses the one built for the same plain
-options, vocabulary width and device (`_reusable_sampler`).
+Building a `Sampler` (HF's config preparation and processors) costs several times a greedy step
+on CPU, so calling `sample_step` in a loop reuses the one built for the same plain options,
+vocabulary width and device (`_reusable_sampler`).
 
 >>> import torch
 >>> sample_step(torch.tensor([[0.0, 2.0, 1.0]]), top_k=1, do_sample=True).tolist()
@@ -82,8 +82,8 @@ def sample_step(
     return sampler(logits, input_ids)
 
 
-# Building a Sampler costs ~0.5 ms (HF's config preparation and processors), several times a greedy
-# step on CPU, so `sample_step` keeps the last few. Threads share the cache: a lock guards every
+# Building a Sampler (HF's config preparation and processors) costs several times a greedy step on
+# CPU, so `sample_step` keeps the last few. Threads share the cache: a lock guards every
 # read and write (building happens outside it; two threads building the same key both get a
 # working Sampler and the later one stays).
 _SAMPLER_CACHE: OrderedDict[Any, Sampler] = OrderedDict()

@@ -3,7 +3,7 @@
 The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 `rows` (extract, layout, vocab trim, float32 copy) -> `input_rows` (validate the context) ->
 `process` (HF's `LogitsProcessorList`) -> `choose` (argmax, or softmax + `torch.multinomial`).
-`sample_step` (`_sample_step.py`) is the same in one call.
+`sample_step` (`_step/sample_step.py`) is the same in one call.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `generate` hands a prepared call here when the options select HF's assisted generation mode
 (`assistant_model=`, or `prompt_lookup_num_tokens=`). The installed transformers' loop, candidate
 generators, speculative sampling and draft-length schedules run unchanged on `TargetHost` (the
-target) and `DraftHost` (the assistant; see `_assisted_hosts.py`), so the result is HF's by
+target) and `DraftHost` (the assistant; see `_generate/hf_loops/assisted_hosts.py`), so the result is HF's by
 construction on every supported version. Rolling back rejected drafts goes through
 `ModelAdapter.crop` (see `_cache.crop_cache`).
 

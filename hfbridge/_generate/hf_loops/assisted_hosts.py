@@ -37,6 +37,7 @@ from hfbridge._generate.call import decode as _decode
 from hfbridge._generate.call import prepare as _prepare
 from hfbridge._generate.hf_loops.host import LoopHost
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
+from hfbridge._generate.options import GenerateOptions
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._models.callables import checked_state
@@ -262,10 +263,10 @@ class DraftHost:
         options: dict[str, Any] = {"max_new_tokens": max_new_tokens, **model_inputs}
         if min_new_tokens:
             options["min_new_tokens"] = min_new_tokens
-        call = _prepare(self.adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                        processors=LogitsProcessorList(logits_processor or []), stopping_criteria=None,
-                        streamer=None, tokenizer=None, layout=self.layout, vocab_size=self.vocab_size,
-                        generator=None, fast=False, kwargs=options)
+        call = _prepare(self.adapter, input_ids, GenerateOptions(
+            attention_mask=attention_mask, generation_config=generation_config,
+            processors=LogitsProcessorList(logits_processor or []), layout=self.layout, vocab_size=self.vocab_size,
+            kwargs=options))
         if isinstance(past_key_values, Rollback):  # resume where the last draft stopped (HF cropped it)
             draft = past_key_values.owner
             call.state = draft.state

@@ -1,6 +1,6 @@
 """Beam search and beam sampling: HF's own `_beam_search` loop, run on an hfbridge model adapter.
 
-The installed transformers' loop runs unchanged on a `LoopHost` (see `_hf_loops.py`): the
+The installed transformers' loop runs unchanged on a `LoopHost` (see `_generate/hf_loops/host.py`): the
 `BeamSearchScorer` loop of transformers 4.x, the vectorized one of 5.x. `sequences`, and with
 `return_dict_in_generate=True` HF's `GenerateBeamDecoderOnlyOutput` (`sequences_scores`, `scores`,
 `logits`, `beam_indices`), are therefore HF's for the same options and seed. The model's cache

@@ -140,7 +140,7 @@ class LoopHost(ProcessorHost):
         if attention_mask is not None:
             self.state["attention_mask"] = attention_mask
             if self.lockstep and attention_mask.shape[1] > input_ids.shape[1]:
-                # synced_gpus, this rank finished: HF calls again with the same sequences (`_lockstep.py`)
+                # synced_gpus, this rank finished: HF calls again with the same sequences (`_generate/lockstep.py`)
                 repeats = attention_mask.shape[1] - input_ids.shape[1]
                 input_ids = torch.cat([input_ids, input_ids[:, -1:].expand(-1, repeats)], dim=-1)
         outputs, self.state = forward_and_update(self.adapter, input_ids, self.state, step,

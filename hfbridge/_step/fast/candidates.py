@@ -3,7 +3,7 @@
 `top_candidates` selects the best `k` scores with `torch.topk` (a selection, not a sort of the
 row); `top_p_count` finds HF's cut among them; `top_p_candidates` tries growing `k` and declines
 (returns None) when the candidates cannot prove the cut, leaving it to the radix select of
-`_top_p.py`. CPU eager only: each try reads one flag.
+`_step/fast/top_p/mask.py`. CPU eager only: each try reads one flag.
 
 >>> top_candidates(torch.tensor([[0.0, 3.0, 1.0, 3.0]]), 2)
 (tensor([[3., 3.]]), tensor([[1, 3]]))
@@ -187,7 +187,7 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
     steps (successive steps look alike), first the tokens above a floor under the last step's cut
-    (`_floor_candidates.py`) when that step kept more than 64, and the first size tried is a
+    (`_step/fast/top_p/floor_candidates.py`) when that step kept more than 64, and the first size tried is a
     quarter above the last step's count (a try costs more the more candidates it selects;
     `_sizes`). That never changes the outcome: every candidate set that succeeds finds the same
     cut, and the draw over the kept candidates does not depend on how many others were tried.
@@ -205,7 +205,7 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     """
     vocab = scores.shape[-1]
     memo = {} if memo is None else memo
-    floor = memo.pop("floor", None)  # [N] scores under the last step's cuts (`_floor_candidates.py`)
+    floor = memo.pop("floor", None)  # [N] scores under the last step's cuts (`_step/fast/top_p/floor_candidates.py`)
     # Where the last step kept few enough for the smallest try, that try costs no more than the floor's.
     last = memo.get("kept")
     if (floor is not None and last is not None and last > _CANDIDATES[0] and floor.shape[0] == scores.shape[0]

@@ -164,7 +164,7 @@ def host_view(values: torch.Tensor) -> np.ndarray:
     """A CPU tensor's values as a NumPy view (no copy), also for a tensor that requires grad.
 
     `numpy(force=True)` would run four dispatched ops (detach, cpu, resolve_conj, resolve_neg)
-    on every call, tens of µs once a step's large ops have evicted their code from the caches.
+    on every call, costly once a step's large ops have evicted their code from the caches.
 
     >>> host_view(torch.ones(2, requires_grad=True)).tolist()
     [1.0, 1.0]

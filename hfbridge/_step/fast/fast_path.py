@@ -4,8 +4,9 @@
 kernels that keep the tokens HF's keep; any other processor is called through HF unchanged, in its
 place. Known processors are matched by exact type (a subclass that overrides `__call__` goes
 through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) are read from them.
-What a filter decides is kept pending in a `FastState` (`_fast_state.py`) and written into the
-scores only if something reads them:
+What a filter decides is kept pending in a `FastState` (`state.py`), as one tagged value
+(`pending.py`), and written into the scores only if something reads them. Which top-p route runs
+is decided in one place, `top_p/route.py`. The processors it knows:
 
 - `TemperatureLogitsWarper`: the same `scores / temperature`, deferred: a top-k right after it
   divides only its candidates (dividing by a positive number keeps the order). Scores lent
@@ -15,16 +16,16 @@ scores only if something reads them:
   The draw then looks at the k candidates only.
 - `TopPLogitsWarper`: HF sorts ascending and drops every token whose cumulative probability is
   `<= 1 - top_p` (a float32 comparison), keeping its last `min_tokens_to_keep`. Here the cut is
-  found without the sort among 64 (then 512) candidates, the best scores (`_candidates.py`), when
+  found without the sort among 64 (then 512) candidates, the best scores (`_step/fast/candidates.py`), when
   a check proves they contain it. When more tokens survive, the draw needs no cut: it draws from
   the whole softmax and keeps the token if HF does (at once for the candidates that surely
   survive, else by the running sum at the token's place), drawing that row again if not
-  (`_top_p_draw.py`; candidates that a bound shows cannot hold the cut are not even tried).
+  (`_step/fast/top_p/draw.py`; candidates that a bound shows cannot hold the cut are not even tried).
   Scores that something reads (`fast_scores`, a later processor, an error message) get the cut
   from a sorted compaction or a radix select over the bits of the probabilities.
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
 
-A single row on CPU (batch 1) finds the top-p cut in `_one_row.py` instead, on NumPy views (torch's
+A single row on CPU (batch 1) finds the top-p cut in `_step/fast/one_row.py` instead, on NumPy views (torch's
 fixed cost per op would outweigh the data): a compaction of the tokens above a bound, or a
 histogram of the probabilities' bits when many tokens are kept.
 
@@ -35,7 +36,7 @@ filter left candidates, otherwise in two levels (block sums, then inside the cho
 What "the same" means. `fast=True` gives HF's distribution, not HF's random stream: the tokens
 differ from `torch.multinomial`'s for the same seed. Surviving scores are bit for bit HF's, and the
 renormalised probabilities agree to float rounding. Tokens of equal float32 probability but
-different scores are ordered by score, as HF's sort of the scores orders them (`_top_p.py`). Two
+different scores are ordered by score, as HF's sort of the scores orders them (`_step/fast/top_p/mask.py`). Two
 places where HF's own result depends on details it does not specify: (1) when tokens of exactly
 equal score straddle a cut (top-k, top-p, or `min_tokens_to_keep`), HF keeps some of them in the
 order of `torch.sort` / `torch.topk`, which is not stable on CPU; the fast path keeps the same
@@ -50,9 +51,9 @@ decide whether the candidates suffice and which rows draw again. On other device
 `torch.compile` only the fixed-shape kernels run: no data-dependent Python control flow and no host-device sync (with
 `fullgraph=True`, pass `generator=None` and seed with `torch.manual_seed`: dynamo cannot trace a
 `torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and draws among them;
-`torch.cond` runs the radix select only when a row's cut is not among them (`_fixed_shape.py`); eager on an accelerator
-the radix select runs alone, as `torch.cond` would read its flag on the host.
-`with accelerator_route():` (`_routes.py`) runs that eager accelerator route on CPU too.
+`torch.cond` runs the radix select only when a row's cut is not among them (`top_p/compiled.py`);
+eager on an accelerator the radix select runs alone, as `torch.cond` would read its flag on the host.
+`with accelerator_route():` (`_step/routes.py`) runs that eager accelerator route on CPU too.
 
 Rows that cannot be sampled. A row whose final scores hold NaN or `+inf`, or nothing above `-inf`,
 has no distribution; HF's `torch.multinomial` fails on it. The fused kernels give such a row an
@@ -84,14 +85,12 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hfbridge._step.fast.candidates import TopPTry, top_candidates, top_p_count
+from hfbridge._step.fast.candidates import top_candidates
 from hfbridge._step.fast.draw import draw
-from hfbridge._step.fast.one_row import one_row_kept
+from hfbridge._step.fast.pending import Candidates, Mask
 from hfbridge._step.fast.state import FastState
-from hfbridge._step.fast.top_p.compiled import fixed_top_p, top_p_keep
-from hfbridge._step.fast.top_p.draw import top_p_route
 from hfbridge._step.fast.top_p.mask import top_p_mask
-from hfbridge._step.fast.top_p.sorted_mask import top_p_mask_sorted
+from hfbridge._step.fast.top_p.route import top_p_plan
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.routes import cpu_shortcuts
 
@@ -232,17 +231,16 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
             if processor.min_tokens_to_keep > 1:  # with 1 the top token is never below min_p * top
                 k = min(processor.min_tokens_to_keep, probs.shape[-1])
                 keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
-            state.filtered(processor.filter_value, keep=keep, probs=probs)
+            state.filtered(processor.filter_value, Mask(keep, probs))
         else:
             scores = state.materialize()
             # a processor run here gets the check CheckedProcessorList gives it in exact mode
             state.scores = check_processor_output(processor, scores, processor(input_ids, scores), index=index)
-            state.probs = None
     return state
 
 
 def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> None:
-    if state.pending:
+    if state.pending is not None:
         state.materialize()
     vocab = state.scores.shape[-1]
     k = min(processor.top_k, vocab)  # HF's own clamp; HF already folded min_tokens_to_keep into top_k
@@ -257,52 +255,14 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
             cand = cand / state.temperature
         if bool((cand[:, k - 1] > cand[:, k]).all()):
             keep = torch.ones_like(ids[:, :k], dtype=torch.bool)
-            state.filtered(processor.filter_value, ids=ids[:, :k], cand=cand[:, :k], cand_keep=keep, all_kept=True)
+            state.filtered(processor.filter_value, Candidates(ids[:, :k], cand[:, :k], keep, all_kept=True))
             return
     scores = state.divided()
     kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # [N, 1], as HF
-    state.filtered(processor.filter_value, keep=(scores < kth).logical_not_())  # HF's test: NaN stays
+    state.filtered(processor.filter_value, Mask((scores < kth).logical_not_()))  # HF's test: NaN stays
 
 
 def _top_p(state: FastState, processor: TopPLogitsWarper, candidates: bool, memo: dict | None) -> None:
-    top_p, at_least = processor.top_p, processor.min_tokens_to_keep
-    if state.ids is not None and state.filter_value == _NEG_INF:
-        assert state.cand is not None and state.cand_keep is not None  # set together with `ids`
-        # After top-k every other token has probability 0, so the candidates hold the whole answer.
-        cand = state.cand.masked_fill(~state.cand_keep, _NEG_INF)
-        probs = torch.softmax(cand, dim=-1)
-        kept = top_p_count(probs, torch.zeros_like(probs[:, :1], dtype=torch.float64), top_p, at_least)
-        keep = torch.arange(cand.shape[1], device=cand.device) < kept
-        state.filtered(processor.filter_value, ids=state.ids, cand=state.cand, cand_keep=keep)
-        return
-    scores = state.current()  # read only
-    probs = torch.softmax(scores, dim=-1)  # [N, V]
-    if candidates:
-        if scores.shape[0] == 1:
-            found = one_row_kept(scores, probs, top_p, at_least, memo)
-            if isinstance(found, torch.Tensor):  # one row, too many kept for candidates: the mask
-                state.filtered(processor.filter_value, keep=found, probs=probs)
-                return
-            if found is not None:  # the kept tokens, as NumPy arrays
-                state.filtered(processor.filter_value, kept_arrays=found)
-                return
-        route = top_p_route(scores, probs, top_p, at_least, memo)
-        if isinstance(route, TopPTry):  # the candidates hold every row's cut
-            state.filtered(processor.filter_value, ids=route.ids, cand=route.cand, cand_keep=route.keep())
-            return
-        if route is not None:
-            # Many tokens survive: a draw checks its token instead (`_top_p_draw`); scores that
-            # something reads find the cut then (`_find_top_p_cut`).
-            state.filtered(processor.filter_value, probs=probs)
-            state.top_p = route
-            return
-    if candidates and probs.device.type == "cpu":
-        keep = top_p_mask_sorted(probs, top_p, at_least, scores=scores)
-    elif candidates:
-        keep = top_p_mask(probs, top_p, at_least, scores=scores, branch=True)
-    elif torch.compiler.is_compiling():  # fixed shapes, candidates first, on the device (`_fixed_shape.py`)
-        state.filtered(processor.filter_value, fixed=fixed_top_p(scores, top_p, at_least))
-        return
-    else:  # eager fixed shapes: the radix select (`torch.cond` would read its flag on the host)
-        keep = top_p_keep(scores, probs, top_p, at_least)
-    state.filtered(processor.filter_value, keep=keep, probs=probs)
+    # which route: the one table in `top_p/route.py`
+    plan = top_p_plan(state, processor.top_p, processor.min_tokens_to_keep, candidates=candidates, memo=memo)
+    state.filtered(processor.filter_value, plan)

@@ -1,7 +1,7 @@
 """HF's top-p cut for a single row on CPU, from one histogram of the probabilities' exponents.
 
 With one row (batch 1, the common case of local generation) the data is small (a 32000-token
-row is 128 KB) and the fixed cost of each torch op (5-10 µs on CPU) sets the time, not the
+row is 128 KB) and the fixed cost of each torch op on CPU sets the time, not the
 data. So this route works on NumPy views of the row (no copy) and finds the cut in a few passes:
 
 1. The float32 probabilities' exponent bits put every token in a binade, `[2**e, 2**(e+1))`;
@@ -84,7 +84,7 @@ def one_row_kept(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_lea
                  memo: dict | None = None) -> tuple[np.ndarray, np.ndarray] | torch.Tensor | None:
     """`one_row_top_p` with the kept tokens as NumPy arrays, `(ids, scores)` each `(K,)`, best first
     (every one kept): the one-row draw reads them as they are, and tensors are made only when
-    something else reads the candidates (`_fast.py`). The mask and None as `one_row_top_p`."""
+    something else reads the candidates (`_step/fast/fast_path.py`). The mask and None as `one_row_top_p`."""
     memo = {} if memo is None else memo
     p = host_view(probs)[0]  # [V] float32, a view
     bits = p.view(np.uint32)  # non-negative floats order like their bit patterns

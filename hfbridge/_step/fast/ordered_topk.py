@@ -1,6 +1,6 @@
 """The `k` best scores of each row in the order HF's top-p sees them, on fixed shapes.
 
-The compiled top-p route (`_fixed_shape.py`) needs its candidates best first, equal scores by
+The compiled top-p route (`_step/fast/top_p/compiled.py`) needs its candidates best first, equal scores by
 ascending token id. A sort does that, but on CPU `torch.sort` and a float `torch.topk` cost more
 than the rest of the search: here each value and its id are packed into one int64 key (the score's
 bits, made to order as signed integers, above the complement of the id), so that one `torch.topk`

@@ -1,13 +1,13 @@
 """HF's top-p cut with fixed shapes: among a fixed number of candidates when they provably hold it.
 
 The route `torch.compile` runs (no data-dependent Python control flow, no host-device sync).
-`fixed_top_p` finds the `K` best scores in HF's order (`_ordered_topk.py`: block maxima, then one
+`fixed_top_p` finds the `K` best scores in HF's order (`_step/fast/ordered_topk.py`: block maxima, then one
 `torch.topk` of int64 keys), HF's cut among them with the mass of every other token bounded in
 float64, and a device flag per row: the cut provably lies among them (the count is the same at
 both ends of the bound, the last kept candidate is above every token left out, and the row has a
 distribution). Nothing of the size of the vocabulary is written but the scores. Its `draw` then
 picks a token among the kept candidates when every row's flag is set, and otherwise runs the radix
-select of `_top_p.py` over the whole rows and draws from the masked softmax; its `apply` writes the
+select of `_step/fast/top_p/mask.py` over the whole rows and draws from the masked softmax; its `apply` writes the
 filtered scores the same way. Compiled, `torch.cond` makes that choice: both branches are
 compiled, one runs. `candidate_cut` and `top_p_keep` are the same cut from given probabilities
 with the exact float64 total (tests, and eager fixed shapes: there `torch.cond` would read the

@@ -1,7 +1,7 @@
 """HF's top-p draw when many tokens survive, without finding the cut: draw, then check the token.
 
 When thousands of tokens survive top-p (flat rows, temperature 1), no small candidate set holds
-the cut, and finding it exactly over the vocabulary (`_top_p_sorted.py`) costs tens of reads of
+the cut, and finding it exactly over the vocabulary (`_step/fast/top_p/sorted_mask.py`) costs tens of reads of
 the row. Sampling does not need the cut, only HF's distribution: the softmax restricted to the
 tokens HF keeps. `draw_top_p` draws from the whole softmax and accepts the token if HF keeps it,
 else draws that row again (rejection sampling: the accepted token has exactly the restricted
@@ -53,7 +53,7 @@ __all__ = ["TopPDraw", "draw_top_p", "kept_exactly", "top_p_route"]
 _ROUNDS = 32  # draws per row before the rows still refused take the radix select
 _MIN_TOP_P = 0.5  # below, rows draw again too often (about 1 / top_p draws per row): find the cut
 _BLOCK = 16  # probabilities per float32 partial sum in `kept_exactly` (as in `certified_total`)
-_SLACK = 16 * 2.0**-24  # its relative error bound, with room for the float64 sum (`_candidates.py`)
+_SLACK = 16 * 2.0**-24  # its relative error bound, with room for the float64 sum (`_step/fast/candidates.py`)
 _GROUP = 32  # partial sums per group in `_draw_by_partial_sums`
 
 
@@ -84,17 +84,25 @@ def top_p_route(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_leas
         the candidates, which are skipped only where they provably fail.
     """
     total = certified_total(probs)
-    # A row without a distribution (NaN, +inf or only -inf scores) has a NaN softmax, and total.
-    drawable = top_p >= _MIN_TOP_P and bool((total.approx > 0).all())
     # The bound costs about half a read of the logits: tried when the last step's candidates failed.
-    if drawable and at_least == 1 and not proved_last(memo) and candidates_cannot_hold(total, top_p, probs.shape[-1]):
+    if (at_least == 1 and _drawable(top_p, at_least, total, None) and not proved_last(memo)
+            and candidates_cannot_hold(total, top_p, probs.shape[-1])):
         return TopPDraw(None, top_p, at_least, total)
     tried = top_p_candidates(scores, probs, top_p, at_least, memo, total)
     if tried is None or tried.proved:
         return tried
-    if drawable and (at_least == 1 or bool((tried.surely_kept().sum(dim=-1) >= at_least).all())):
+    if _drawable(top_p, at_least, total, tried):
         return TopPDraw(tried, top_p, at_least, total)
     return None
+
+
+def _drawable(top_p: float, at_least: int, total: Total, tried: TopPTry | None) -> bool:
+    """When `draw_top_p` applies: `top_p >= 0.5` (below, rows draw again too often), every row has a
+    distribution (a row with NaN, +inf or only -inf scores has a NaN softmax, and total), and
+    `min_tokens_to_keep` is 1 or within the candidates that surely survive."""
+    if top_p < _MIN_TOP_P or not bool((total.approx > 0).all()):
+        return False
+    return at_least == 1 or (tried is not None and bool((tried.surely_kept().sum(dim=-1) >= at_least).all()))
 
 
 def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None, top_p: float, at_least: int,
@@ -118,12 +126,10 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
     n, vocab = probs.shape
     if total is None:
         total = certified_total(probs)
-    if top_p < _MIN_TOP_P or not bool((total.approx > 0).all()):
-        return None
     # With at_least == 1 nothing needs the candidates: the best token's running sum is the total.
-    surely = None if tried is None else tried.surely_kept()  # [N, K]
-    if at_least > 1 and (surely is None or not bool((surely.sum(dim=-1) >= at_least).all())):
+    if not _drawable(top_p, at_least, total, tried):
         return None
+    surely = None if tried is None else tried.surely_kept()  # [N, K]
     cut, inclusive = rounds_at_most(float32(1.0 - top_p))
     scores_np, probs_np = scores.numpy(force=True), probs.numpy(force=True)  # views of CPU tensors
     work = (np.empty(vocab, bool), np.empty(vocab, np.float32))  # the checks' scratch rows

@@ -5,7 +5,7 @@ drops every token whose running sum is `<= 1 - top_p` (a float32 comparison), ke
 `min_tokens_to_keep`. In that order a token's place is set by its score: among tokens of equal
 float32 probability, the lower scores go first. Here `top_p_mask` finds the cut from histograms of
 the probabilities' bits; a tie group split by the cut is ranked by score (`keep_highest`), as HF's
-sort does. (`_candidates.py` finds the same cut among the best-scoring tokens when they hold it.)
+sort does. (`_step/fast/candidates.py` finds the same cut among the best-scoring tokens when they hold it.)
 
 Only exactly equal scores are left in an order HF does not specify; there the lowest ids are kept.
 

@@ -4,9 +4,9 @@ HF's `TopPLogitsWarper` sorts each row ascending, takes the running sum of the p
 (float32 values summed in float64 by torch's CPU `cumsum`, each sum rounded to float32) and drops
 the tokens whose running sum is `<= 1 - top_p`. Sorting the probabilities gives the same sequence of
 running sums: equal probabilities are equal addends whatever their order, and a softmax never ranks
-a lower score above a higher one. `torch.sort` costs about 80 ns per element on CPU; NumPy's
-vectorised sort (x86-simd-sort on AVX-512 and AVX2) about 5, which makes the exact cut cheaper than
-any radix select built from torch ops. Only the rows' order of equal probabilities is left to decide:
+a lower score above a higher one. NumPy's vectorised sort (x86-simd-sort on AVX-512 and AVX2)
+costs a small fraction of `torch.sort` on CPU (benchmarks/README.md), which makes the exact cut
+cheaper than any radix select built from torch ops. Only the rows' order of equal probabilities is left to decide:
 a tie group split by the cut keeps its highest scores, as HF's sort by score does (exactly equal
 scores: lowest ids first, as `keep_highest`).
 
@@ -22,12 +22,25 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
+from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
 
-__all__ = ["top_p_mask_sorted"]
+__all__ = ["exact_top_p_mask", "top_p_mask_sorted"]
 
 _CHUNK = 1 << 19  # elements sorted at a time: one reused buffer, a fraction of the input
 _BLOCK = 1024  # tokens per block of the running sum: block totals first, then one block token by token
+
+
+def exact_top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,
+                     scores: torch.Tensor | None = None) -> torch.Tensor:
+    """HF's top-p cut over whole rows, found exactly: this NumPy sort on CPU, the radix select with
+    its one data-dependent check elsewhere (`top_p_mask(branch=True)`). Eager only.
+
+    >>> exact_top_p_mask(torch.tensor([[0.5, 0.2, 0.3]]), 0.7).tolist()
+    [[True, False, True]]
+    """
+    if probs.device.type == "cpu":
+        return top_p_mask_sorted(probs, top_p, min_tokens_to_keep, scores=scores)
+    return top_p_mask(probs, top_p, min_tokens_to_keep, scores=scores, branch=True)
 
 
 def top_p_mask_sorted(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,

@@ -1,0 +1,75 @@
+"""The documentation: its Python examples run, its pages are the ones mkdocs.yml lists, its links resolve.
+
+CI also builds it with `mkdocs build --strict` (a missing name in the API reference fails there).
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def python_blocks(path: Path) -> list[str]:
+    """A page's self-contained Python examples: the blocks that start with their imports."""
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+    return [block for block in blocks if block.startswith(("import ", "from "))]
+
+
+def nav_pages() -> list[str]:
+    return re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
+
+
+# The pages written with the wings; the others in the nav come with their own features and tests.
+WING_PAGES = ["index.md", "step.md", "fast_path.md", "generate.md", "models_and_caches.md", "views.md", "demo.md",
+              "architecture.md", "api.md"]
+
+
+def test_the_wing_pages_are_in_the_nav():
+    assert set(WING_PAGES) <= set(nav_pages())
+    assert all((DOCS / page).is_file() for page in WING_PAGES)
+
+
+def test_every_page_in_docs_is_in_the_nav():
+    assert {path.name for path in DOCS.glob("*.md")} <= set(nav_pages())
+
+
+@pytest.mark.parametrize("page", [p for p in WING_PAGES if python_blocks(DOCS / p)])
+def test_page_examples_run(page):
+    for example in python_blocks(DOCS / page):
+        exec(compile(example, f"docs/{page}", "exec"), {})
+
+
+@pytest.mark.parametrize("page", WING_PAGES)
+def test_links_between_pages_resolve(page):
+    text = (DOCS / page).read_text()
+    for target in re.findall(r"\]\(([^)#\s]+\.(?:md|png))(?:#[^)]*)?\)", text):
+        assert target in nav_pages() or (DOCS / target).is_file(), f"docs/{page} links to {target}"
+
+
+def test_api_reference_names_every_public_name():
+    import hfbridge
+
+    text = (DOCS / "api.md").read_text()
+    missing = [name for name in hfbridge.__all__ if f"::: hfbridge.{name}\n" not in text]
+    assert not missing, f"docs/api.md lacks {missing}"
+
+
+def test_user_facing_pages_name_no_private_module():
+    for page in ["index.md", "step.md", "generate.md", "models_and_caches.md", "views.md", "demo.md"]:
+        private = sorted(set(re.findall(r"hfbridge(?:\.\w+)*\._(?!_)\w+", (DOCS / page).read_text())))
+        assert not private, f"docs/{page} names {private}"
+
+
+def test_doctests_become_code_blocks_in_the_api_reference():
+    pytest.importorskip("griffe")  # the docs extra
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doctests_as_code", DOCS / "_griffe" / "doctests_as_code.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = "Adds.\n\n>>> [1]\n[1]\n\nArgs:\n    x: a value.\n\n    >>> x\n"
+    assert module.fence_doctests(text) == (
+        "Adds.\n\n```pycon\n>>> [1]\n[1]\n```\n\nArgs:\n    x: a value.\n\n    ```pycon\n    >>> x\n    ```")
