@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from hfbridge import Recompute, generate
-from hfbridge._models.adapters import as_adapter
+from hfbridge._models.choose import as_adapter
 from hfbridge._models.hf_model import HFModel
 
 from _tiny_models import VOCAB, model_cache, tiny_llama

@@ -6,7 +6,7 @@ which is why they live below the public `generate` module.
 
 >>> import torch
 >>> from hfbridge._generate.options import GenerateOptions
->>> from hfbridge._models.adapters import as_adapter
+>>> from hfbridge._models.choose import as_adapter
 >>> adapter = as_adapter(lambda ids: torch.nn.functional.one_hot(ids % 3, 3).float())
 >>> call = prepare(adapter, torch.tensor([[0, 1]]), GenerateOptions(kwargs={"max_new_tokens": 2}))
 >>> decode(adapter, call, streamer=None, bar=None)

@@ -29,7 +29,8 @@ from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
 from hfbridge._generate.loop import LoopOptions, check_every_option
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.strategies import strategy_for
-from hfbridge._models.adapters import ModelAdapter, as_adapter
+from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.choose import as_adapter
 from hfbridge._step.layout import LayoutLike
 from hfbridge._step.option_checks import check_flag
 

@@ -5,7 +5,8 @@ the caller's own state and hooks), `cache` (`reorder_cache`, `crop_cache` for HF
 tensors), `callables` (signature checks and hook results).
 Imports: `hfbridge._hf`, torch, transformers.
 
->>> from hfbridge._models.adapters import as_adapter, Recompute
+>>> from hfbridge._models.adapters import Recompute
+>>> from hfbridge._models.choose import as_adapter
 >>> isinstance(as_adapter(lambda ids: ids), Recompute)
 True
 """

@@ -373,27 +373,3 @@ class ReturnsCache(ModelAdapter):
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length
         return state
-
-
-def as_adapter(model: Any, *, max_context: int | None = None) -> ModelAdapter:
-    """`model` if it is an adapter already; `HFModel(model)` for a transformers `PreTrainedModel`
-    (without `max_context`); else `Recompute(model, max_context=max_context)`."""
-    if isinstance(model, ModelAdapter):
-        if max_context is not None:
-            if not isinstance(model, Recompute):
-                raise TypeError(
-                    f"`max_context` applies to plain callables (Recompute), but `model` is a {type(model).__name__}."
-                )
-            if model.max_context is not None and model.max_context != max_context:
-                raise ValueError(
-                    f"`max_context`={max_context} disagrees with the Recompute adapter's "
-                    f"max_context={model.max_context}."
-                )
-            return Recompute(model.model, max_context=max_context)
-        return model
-    if max_context is None:
-        from hfbridge._models.hf_model import HFModel, is_hf_model  # below this module: it subclasses ModelAdapter
-
-        if is_hf_model(model):
-            return HFModel(model)
-    return Recompute(model, max_context=max_context)

@@ -29,11 +29,9 @@ _CELL = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;vertical-ali
 
 def step_html(trace: StepTrace) -> str:
     """The trace as one `<div>` with inline styles (what Jupyter shows)."""
-    from hfbridge._views.explain_step import params_text
-
     head = [el("th", "", style=f"{CARD}")]
     for number, stage in enumerate(trace.stages):
-        params = params_text(stage.params)
+        params = stage.params_text
         head.append(el("th", f"[{number}] {stage.short_name}",
                        el("br") if params else None,
                        el("span", params, style="font-weight:normal;font-size:85%;white-space:normal") if params

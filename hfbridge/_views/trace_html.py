@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hfbridge._views.html import CARD, MONO, MUTED, ROOT_STYLE, TEXT, Html, el, join, page, prob_colour
+from hfbridge._views.trace_view import summary
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.explain_generation import GenerationTrace, TokenStep
@@ -46,8 +47,6 @@ def check_table(table: object) -> str:
 
 def html_fragment(trace: GenerationTrace, table: str = "uncertain") -> str:
     """The trace as one `<div>` with inline styles (what Jupyter shows)."""
-    from hfbridge._views.trace_view import summary
-
     check_table(table)
     note = ("Each token's background is the probability it had in the distribution it was chosen from (after the "
             "logits processors); an alternating underline marks where tokens meet. Hover a token for its "

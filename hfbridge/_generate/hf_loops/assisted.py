@@ -31,7 +31,8 @@ from hfbridge._generate.call import progress_bar as _progress_bar
 from hfbridge._generate.hf_loops.assisted_hosts import DraftHost, TargetHost
 from hfbridge._generate.hf_loops.host import StepProcessors
 from hfbridge._hf.host import _TRANSFORMERS_MAJOR
-from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, as_adapter
+from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute
+from hfbridge._models.choose import as_adapter
 from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_strategy_options
 from hfbridge._step.sampler import Sampler, extract_logits
