@@ -27,6 +27,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
 
 from hfbridge._generate.args import check_config, checked_arguments, has_default_max_length
+from hfbridge._generate.guidance import split_guidance, unconditional_branch
 from hfbridge._generate.hf_loops.beam import check_beam_options
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
@@ -58,7 +59,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
              fast: bool, kwargs: dict[str, Any], prefix_allowed_tokens_fn: Any = None,
              assistant_model: Any = None) -> Call:
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
-    # 1. Arguments, and `**kwargs` split into generation options and model inputs.
+    # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
+    kwargs, guidance = split_guidance(kwargs)
     attention_mask, options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config, streamer=streamer,
         generator=generator, layout=layout, fast=fast, kwargs=kwargs)
@@ -109,9 +111,13 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
         )
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
+    # guidance_scale: the unconditional sequence through the adapter, with its own state (`guidance.py`)
+    unconditional = unconditional_branch(adapter, config, guidance, input_ids=input_ids, expand=expand,
+                                         model_inputs=model_inputs, assistant_model=assistant_model)
     sampler = Sampler.from_prepared(config, processors=processors, layout=layout, vocab_size=vocab_size,
                                     generator=generator, prompt_length=prompt_length, attention_mask=padding,
-                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+                                    unconditional=unconditional)
     state = adapter.start(sequences, mask, model_inputs)
     return_dict = bool(config.return_dict_in_generate)
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,

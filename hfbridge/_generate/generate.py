@@ -22,6 +22,7 @@ from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, Generat
 
 from hfbridge._generate.args import check_loop_options
 from hfbridge._generate.call import decode, prepare, progress_bar
+from hfbridge._generate.guidance import check_guidance_loop
 from hfbridge._generate.hf_loops.assisted import generate_assisted
 from hfbridge._generate.hf_loops.beam import beam_search
 from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
@@ -240,6 +241,7 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
                     kwargs=kwargs)
     check_loop_options(loop, call.config, assistant_model)
+    check_guidance_loop(call.config, loop.synced)
     if is_assisted(call.config, assistant_model):  # HF's own assisted loop on the adapter (`_assisted.py`)
         return generate_assisted(adapter, call, assistant_model=assistant_model, processors=processors,
                                  streamer=streamer, layout=layout, vocab_size=vocab_size, generator=generator,
