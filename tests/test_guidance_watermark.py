@@ -12,15 +12,37 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
-from transformers import (LogitsProcessorList, PretrainedConfig, SynthIDTextWatermarkingConfig, WatermarkDetector,
-                          WatermarkingConfig)
+from transformers import (
+    LogitsProcessorList,
+    PretrainedConfig,
+    SynthIDTextWatermarkingConfig,
+    WatermarkDetector,
+    WatermarkingConfig,
+)
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
-from hfbridge import Hooks, InputPos, Recompute, ReturnsCache, Sampler, build_processors, generate, sample_step
+from hfbridge import (
+    Hooks,
+    InputPos,
+    Recompute,
+    ReturnsCache,
+    Sampler,
+    build_processors,
+    explain_step,
+    generate,
+    sample_step,
+)
 from hfbridge._step.processor_repr import processor_label
 
-from _tiny_models import (InputPosHF, TinyCore, TinyRecompute, model_cache, positions, recompute_callable,
-                          returns_cache_callable)
+from _tiny_models import (
+    InputPosHF,
+    TinyCore,
+    TinyRecompute,
+    model_cache,
+    positions,
+    recompute_callable,
+    returns_cache_callable,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
 
@@ -324,7 +346,7 @@ def test_refusals_say_what_to_do():
     with pytest.raises(ValueError, match=r"needs the unconditional logits.*sample_step\(logits, input_ids, "
                                          r"guidance_scale=\.\.\., unconditional_logits="):
         Sampler(guidance_scale=2.0)
-    with pytest.raises(ValueError, match="build_processors\\(\\): `guidance_scale`=2.0 needs the unconditional"):
+    with pytest.raises(ValueError, match="`guidance_scale`=2.0 needs the unconditional"):
         build_processors(guidance_scale=2.0)
     with pytest.raises(ValueError, match="Build a Sampler\\(watermarking_config=...\\) once"):
         sample_step(torch.zeros(1, 8), watermarking_config=SynthIDTextWatermarkingConfig(**SYNTHID))
@@ -347,3 +369,17 @@ def test_unconditional_model_error_names_the_branch():
     with pytest.raises(RuntimeError, match="boom") as error:
         generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=2, guidance_scale=2.0)
     assert any("unconditional sequence of guidance_scale" in note for note in error.value.__notes__)
+
+
+def test_explain_step_names_them_and_chooses_sample_steps_token():
+    torch.manual_seed(0)
+    logits, unconditional = torch.randn(1, 3, 32), torch.randn(1, 3, 32)
+    ids = torch.tensor([[4, 5, 6]])
+    options = dict(guidance_scale=3.0, unconditional_logits=unconditional, top_k=4, do_sample=False,
+                   watermarking_config=WatermarkingConfig(bias=2.0))
+    trace = explain_step(logits, ids, **options)
+    names = [stage.name for stage in trace.stages]
+    assert names[:2] == ["input", "UnbatchedClassifierFreeGuidanceLogitsProcessor"]
+    assert "WatermarkLogitsProcessor" in names
+    assert trace.stages[1].params == {"guidance_scale": 3.0}
+    assert trace.token == int(sample_step(logits, ids, **options)[0])

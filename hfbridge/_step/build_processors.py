@@ -254,8 +254,7 @@ def build_processors(
     )
     return processors_for_config(config, processors=processors, prompt_length=prompt_length,
                                  attention_mask=attention_mask, device=device,
-                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
-                                 caller="build_processors")
+                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional)
 
 
 def processors_for_config(
@@ -268,7 +267,6 @@ def processors_for_config(
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     unconditional: Callable[[torch.Tensor], Any] | None = None,
     rows: Callable[[Any], torch.Tensor] | None = None,
-    caller: str = "Sampler",
 ) -> LogitsProcessorList:
     """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`),
     as a `CheckedProcessorList` (each processor's output is checked when the list is called).
@@ -285,7 +283,7 @@ def processors_for_config(
     host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
     guidance_scale = getattr(config, "guidance_scale", None)
     if guidance_scale not in (None, 1, 1.0) and unconditional is None:
-        refuse_without_unconditional(guidance_scale, caller)
+        refuse_without_unconditional(guidance_scale)
     built = host.logits_processor(deferred(config, host), prompt_length=prompt_length, processors=user,
                                   device=device, attention_mask=attention_mask,
                                   prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)

@@ -29,7 +29,8 @@ from transformers.generation.logits_process import UnbatchedClassifierFreeGuidan
 from hfbridge._step.inputs import extract_logits
 from hfbridge._step.watermark import is_synthid
 
-__all__ = ["ClassifierFreeGuidance", "checked_unconditional", "last_position", "refuse_without_unconditional", "with_unconditional"]
+__all__ = ["ClassifierFreeGuidance", "checked_unconditional", "last_position", "refuse_synthid_step",
+           "refuse_without_unconditional", "step_guidance", "with_unconditional"]
 
 Unconditional = Callable[[torch.Tensor], Any]
 
@@ -91,18 +92,20 @@ def checked_unconditional(unconditional: Any) -> Unconditional | None:
     return unconditional
 
 
-def step_guidance(unconditional_logits: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """`sample_step`'s extra Sampler options: `unconditional` returning this step's `unconditional_logits`.
-
-    Also refuses a SynthID Text watermark, whose processor carries the last tokens from one step to
-    the next: a one-call `sample_step` would start it afresh at every step.
-    """
-    if is_synthid(options.get("watermarking_config")):
+def refuse_synthid_step(options: dict[str, Any], generation_config: Any = None) -> None:
+    """`sample_step` refuses a SynthID Text watermark, whose processor carries the last tokens from one
+    step to the next: a one-call `sample_step` would start it afresh at every step."""
+    watermark = options.get("watermarking_config", getattr(generation_config, "watermarking_config", None))
+    if is_synthid(watermark):
         raise ValueError(
             "sample_step() cannot apply a SynthIDTextWatermarkingConfig: HF's SynthID processor keeps state from "
             "step to step (the last ngram_len - 1 tokens it saw and a history of contexts), which a new step would "
             "start afresh. Build a Sampler(watermarking_config=...) once and call it at every step, or use generate()."
         )
+
+
+def step_guidance(unconditional_logits: Any) -> dict[str, Any]:
+    """`sample_step`'s extra Sampler options: `unconditional` returning this step's `unconditional_logits`."""
     if unconditional_logits is None:
         return {}
     try:
@@ -136,12 +139,10 @@ def with_unconditional(processors: Any, unconditional: Unconditional,
     return processors
 
 
-def refuse_without_unconditional(guidance_scale: Any, caller: str) -> None:
+def refuse_without_unconditional(guidance_scale: Any) -> None:
     """The error for `guidance_scale` where nobody supplies unconditional logits."""
-    if caller == "generate":  # pragma: no cover - generate always supplies them
-        return
     raise ValueError(
-        f"{caller}(): `guidance_scale`={guidance_scale!r} needs the unconditional logits: classifier-free guidance mixes "
+        f"`guidance_scale`={guidance_scale!r} needs the unconditional logits: classifier-free guidance mixes "
         "these logits with the model's logits on an unconditional (or negative) prompt, and there is no model "
         "to call here. Pass them for this step: sample_step(logits, input_ids, guidance_scale=..., "
         "unconditional_logits=model(negative_ids)); with a Sampler, Sampler(..., guidance_scale=..., "

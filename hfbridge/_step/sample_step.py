@@ -20,10 +20,9 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from hfbridge._step.guidance import refuse_synthid_step, step_guidance
 from hfbridge._step.layout import Layout, LayoutLike
-from hfbridge._step.guidance import step_guidance
 from hfbridge._step.sampler import Sampler, extract_logits
-from hfbridge._step.watermark import is_synthid
 
 __all__ = ["sample_step"]
 
@@ -76,8 +75,8 @@ def sample_step(
                    fast=fast, **generation_kwargs)
     if prefix_allowed_tokens_fn is not None:
         options["prefix_allowed_tokens_fn"] = prefix_allowed_tokens_fn
-    if unconditional_logits is not None or is_synthid(generation_kwargs.get("watermarking_config")):
-        options.update(step_guidance(unconditional_logits, generation_kwargs))  # `_step/guidance.py`
+    refuse_synthid_step(generation_kwargs, generation_config)  # SynthID keeps state between steps: a Sampler's job
+    options.update(step_guidance(unconditional_logits))  # guidance_scale's logits (`_step/guidance.py`)
     if generation_config is None and processors is None and attention_mask is None:
         logits = extract_logits(logits)
         sampler = _reusable_sampler(logits, options)
