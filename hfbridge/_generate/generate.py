@@ -189,6 +189,12 @@ def generate(
             `output_logits`, ...). Any other name is a model input: it goes into the adapter's
             state and to the model at every call (tensors with a leading batch axis are repeated
             for `num_return_sequences`), and must be a parameter the model accepts.
+            Classifier-free guidance (`guidance_scale=` != 1) also takes HF's `negative_prompt_ids=` /
+            `negative_prompt_attention_mask=` `(batch, seq)`; the unconditional sequence runs through
+            the same adapter with its own state, one call per step as HF's processor makes them (an
+            `InputPos` model needs `unconditional_model=`, a second `InputPos` with its own caches;
+            see `hfbridge._generate.guidance`). `watermarking_config=` builds HF's watermark processor
+            for the logits' vocabulary.
 
     Returns:
         The sequences `(batch * num_return_sequences, prompt + new)`, prompt included, on the

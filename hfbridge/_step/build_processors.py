@@ -122,7 +122,7 @@ def make_generation_config(
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
     _check_values(config)
-    _refuse_model_bound_options(config, caller)
+    # guidance_scale needs `unconditional=` where the processors are built (`processors_for_config`)
     if accepted is None:
         _refuse_other_strategies(config, generation_config, caller)
     needing = [name for name in _NEEDS_PROMPT_LENGTH if getattr(config, name, None) is not None]
@@ -168,12 +168,6 @@ def _check_values(config: GenerationConfig) -> None:
             processor_class(value)
         except ValueError as error:
             raise ValueError(f"`{name}`={value!r} is out of range: {error}") from None
-
-
-def _refuse_model_bound_options(config: GenerationConfig, caller: str) -> None:
-    """Options whose HF processor needs the model itself: `guidance_scale` (checked where the processors
-    are built: `processors_for_config` needs `unconditional=`) and `watermarking_config` (built for the
-    vocabulary of the logits, `_step/watermark.py`) are no longer refused here."""
 
 
 def _refuse_other_strategies(config: GenerationConfig, user_config: GenerationConfig | None, caller: str) -> None:
