@@ -383,3 +383,34 @@ def test_explain_step_names_them_and_chooses_sample_steps_token():
     assert "WatermarkLogitsProcessor" in names
     assert trace.stages[1].params == {"guidance_scale": 3.0}
     assert trace.token == int(sample_step(logits, ids, **options)[0])
+
+
+def test_guidance_and_watermark_with_padded_vocabulary_and_another_layout():
+    """The unconditional logits go through the conditional ones' layout and `vocab_size`: a model
+    padding its vocabulary with huge scores, time-major, gives the tokens of the plain model."""
+    core = TinyCore(vocab=32)
+    model = TinyRecompute(core)
+
+    def padded_time_major(input_ids):  # [B, T] -> [T, B, 40]
+        logits = model(input_ids)
+        return torch.cat([logits, torch.full((*logits.shape[:2], 8), 1e4)], dim=-1).transpose(0, 1)
+
+    prompt, negative = torch.tensor([[3, 4, 5], [6, 7, 8]]), torch.tensor([[1, 2], [9, 9]])
+    negative_before = negative.clone()
+    options = dict(max_new_tokens=6, do_sample=True, guidance_scale=2.5, negative_prompt_ids=negative,
+                   watermarking_config=WatermarkingConfig(bias=1.0))
+    torch.manual_seed(4)
+    ours = generate(padded_time_major, prompt, layout="t b v", vocab_size=32, **options)
+    torch.manual_seed(4)
+    assert torch.equal(ours, generate(model, prompt, **options))
+    assert torch.equal(negative, negative_before)
+
+
+def test_unconditional_logits_of_another_vocabulary():
+    def model(input_ids):  # the unconditional sequence (the negative prompt of 2 tokens) gets 7 columns
+        return torch.zeros(input_ids.shape[0], input_ids.shape[1], 7 if input_ids.shape[1] == 2 else 8)
+
+    with pytest.raises(ValueError, match=r"the unconditional logits give \(1, 7\) \(rows, vocab\), but the "
+                                         r"conditional scores are \(1, 8\)"):
+        generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=2, guidance_scale=2.0,
+                 negative_prompt_ids=torch.tensor([[4, 5]]))
