@@ -414,3 +414,23 @@ def test_unconditional_logits_of_another_vocabulary():
                                          r"conditional scores are \(1, 8\)"):
         generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=2, guidance_scale=2.0,
                  negative_prompt_ids=torch.tensor([[4, 5]]))
+
+
+def test_scores_of_return_dict_and_options_from_a_generation_config():
+    """`output_scores` holds HF's guided (and watermarked) scores; the options may come in a GenerationConfig."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=True, guidance_scale=3.0, max_new_tokens=MAX_NEW,
+                              watermarking_config=SynthIDTextWatermarkingConfig(**SYNTHID))
+    hf = _model("llama")
+    prompt, mask = PADDED
+    torch.manual_seed(9)
+    theirs = hf.generate(prompt, attention_mask=mask, generation_config=config, return_dict_in_generate=True,
+                         output_scores=True, negative_prompt_ids=NEGATIVE)
+    torch.manual_seed(9)
+    ours = generate(ReturnsCache(returns_cache_callable(hf)), prompt, attention_mask=mask, generation_config=config,
+                    return_dict_in_generate=True, output_scores=True, negative_prompt_ids=NEGATIVE)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert len(ours.scores) == len(theirs.scores) == MAX_NEW
+    for mine, hfs in zip(ours.scores, theirs.scores):
+        torch.testing.assert_close(mine, hfs)
