@@ -282,7 +282,7 @@ def processors_for_config(
                                   device=device, attention_mask=attention_mask,
                                   prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if unconditional is not None:
-        built = with_unconditional(built, unconditional, rows if rows is not None else last_position)
+        built = with_unconditional(built, unconditional, rows if rows is not None else last_position, built_by=host)
     return CheckedProcessorList(built)  # HF's items in HF's order; each output is checked when called
 
 

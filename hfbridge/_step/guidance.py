@@ -131,10 +131,14 @@ def last_position(output: Any) -> torch.Tensor:
 
 
 def with_unconditional(processors: Any, unconditional: Unconditional,
-                       rows: Callable[[Any], torch.Tensor]) -> Any:
-    """`processors` (HF's list, in place) with HF's guidance processor replaced by a `ClassifierFreeGuidance`."""
+                       rows: Callable[[Any], torch.Tensor], *, built_by: Any) -> Any:
+    """`processors` (HF's list, in place) with HF's guidance processor replaced by a `ClassifierFreeGuidance`.
+
+    Only the one HF built with `built_by` (the stand-in host) as its model: a guidance processor of
+    the user's own, which HF 5 puts in its place, stays.
+    """
     for index, processor in enumerate(processors):
-        if type(processor) is UnbatchedClassifierFreeGuidanceLogitsProcessor:
+        if type(processor) is UnbatchedClassifierFreeGuidanceLogitsProcessor and processor.model is built_by:
             processors[index] = ClassifierFreeGuidance(processor.guidance_scale, unconditional, rows)
     return processors
 
