@@ -341,6 +341,11 @@ def test_refusals_say_what_to_do():
     prompt = torch.tensor([[1, 2, 3]])
     with pytest.raises(ValueError, match=r"Pass unconditional_model=InputPos\(second_model\)"):
         generate(InputPos(lambda idx, input_pos: _never_called(idx)), prompt, max_new_tokens=2, guidance_scale=2.0)
+    with pytest.raises(TypeError, match="`unconditional_model`: `model` must be callable"):
+        generate(_never_called, prompt, max_new_tokens=2, guidance_scale=2.0, unconditional_model=3)
+    same = InputPos(lambda idx, input_pos: _never_called(idx))
+    with pytest.raises(ValueError, match="`unconditional_model` must have its own cache"):
+        generate(same, prompt, max_new_tokens=2, guidance_scale=2.0, unconditional_model=same)
     with pytest.raises(ValueError, match="with assisted / prompt-lookup decoding is not supported"):
         generate(_never_called, prompt, max_new_tokens=2, guidance_scale=2.0, prompt_lookup_num_tokens=2)
     with pytest.raises(ValueError, match=r"needs the unconditional logits.*sample_step\(logits, input_ids, "

@@ -160,7 +160,10 @@ def unconditional_branch(adapter: ModelAdapter, config: Any, guidance: dict[str,
         )
     branch_adapter = adapter
     if guidance.get("unconditional_model") is not None:
-        branch_adapter = as_adapter(guidance["unconditional_model"])
+        try:
+            branch_adapter = as_adapter(guidance["unconditional_model"])
+        except TypeError as error:
+            raise TypeError(f"`unconditional_model`: {error}") from None
         if branch_adapter is adapter or (branch_adapter.model is adapter.model and isinstance(adapter, InputPos)):
             raise ValueError("`unconditional_model` must have its own cache: pass a second model instance.")
     elif isinstance(adapter, InputPos):
