@@ -26,6 +26,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
 
 from hfbridge._generate.args import check_config, checked_arguments, has_default_max_length
+from hfbridge._generate.guidance import split_guidance, unconditional_branch
 from hfbridge._generate.hf_loops.beam import check_beam_options
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
@@ -61,10 +62,11 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
     generation_config, streamer, generator = options.generation_config, options.streamer, options.generator
     tokenizer, fast, assistant_model = options.tokenizer, options.fast, options.assistant_model
-    # 1. Arguments, and `**kwargs` split into generation options and model inputs.
+    # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
+    kwargs, guidance = split_guidance(options.kwargs)
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
-        streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=options.kwargs)
+        streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=kwargs)
     batch, prompt_length = input_ids.shape
     device = input_ids.device
 
@@ -114,10 +116,14 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
         )
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
+    # guidance_scale: the unconditional sequence through the adapter, with its own state (`guidance.py`)
+    unconditional = unconditional_branch(adapter, config, guidance, input_ids=input_ids, expand=expand,
+                                         model_inputs=model_inputs, assistant_model=assistant_model)
     sampler = Sampler.from_prepared(config, processors=options.processors, layout=layout,
                                     vocab_size=options.vocab_size, generator=generator, prompt_length=prompt_length,
                                     attention_mask=padding, fast=fast,
-                                    prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn)
+                                    prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
+                                    unconditional=unconditional)
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
         state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model))

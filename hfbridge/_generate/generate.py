@@ -25,6 +25,7 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
 from hfbridge._generate.call import prepare
+from hfbridge._generate.guidance import check_guidance_loop
 from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
 from hfbridge._generate.loop import LoopOptions, check_every_option
 from hfbridge._generate.options import GenerateOptions
@@ -197,6 +198,12 @@ def generate(
             `output_logits`, ...). Any other name is a model input: it goes into the adapter's
             state and to the model at every call (tensors with a leading batch axis are repeated
             for `num_return_sequences`), and must be a parameter the model accepts.
+            Classifier-free guidance (`guidance_scale=` != 1) also takes HF's `negative_prompt_ids=` /
+            `negative_prompt_attention_mask=` `(batch, seq)`; the unconditional sequence runs through
+            the same adapter with its own state, one call per step as HF's processor makes them (an
+            `InputPos` model needs `unconditional_model=`, a second `InputPos` with its own caches;
+            see `hfbridge._generate.guidance`). `watermarking_config=` builds HF's watermark processor
+            for the logits' vocabulary.
 
     Returns:
         The sequences `(batch * num_return_sequences, prompt + new)`, prompt included, on the
@@ -242,5 +249,6 @@ def _generate(model: Any, input_ids: Any, options: GenerateOptions) -> Any:
     loop = LoopOptions(check_every=check_every_option(options.check_every),
                        synced=resolve_synced_gpus(options.synced_gpus, adapter.model))
     call = prepare(adapter, input_ids, options)
+    check_guidance_loop(call.config, loop.synced)
     strategy = strategy_for(call.config, options.assistant_model, loop)  # the strategy table (`strategies.py`)
     return strategy.run(adapter, call, options, loop)

@@ -16,9 +16,11 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
+from hfbridge._step.guidance import last_position, refuse_without_unconditional, with_unconditional
 from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_options, did_you_mean
 from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
+from hfbridge._step.watermark import deferred
 
 # Options that turn sampling on when `do_sample` is left to hfbridge (HF's warpers).
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
@@ -30,7 +32,7 @@ _PROCESSOR_OPTIONS = (
     "begin_suppress_tokens", "exponential_decay_length_penalty", "remove_invalid_values",
     "renormalize_logits", "eos_token_id", "pad_token_id", "bos_token_id", "max_length",
     "max_new_tokens", "do_sample",
-) + SAMPLING_OPTIONS
+) + SAMPLING_OPTIONS + ("watermarking_config", "guidance_scale")  # `_step/watermark.py`, `_step/guidance.py`
 
 # Options whose processor depends on how long the prompt was.
 _NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")
@@ -126,7 +128,7 @@ def make_generation_config(
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
     _check_values(config)
-    _refuse_model_bound_options(config, caller)
+    # guidance_scale needs `unconditional=` where the processors are built (`processors_for_config`)
     if accepted is None:
         _refuse_other_strategies(config, generation_config, caller)
     needing = [name for name in _NEEDS_PROMPT_LENGTH if getattr(config, name, None) is not None]
@@ -172,22 +174,6 @@ def _check_values(config: GenerationConfig) -> None:
             processor_class(value)
         except ValueError as error:
             raise ValueError(f"`{name}`={value!r} is out of range: {error}") from None
-
-
-def _refuse_model_bound_options(config: GenerationConfig, caller: str) -> None:
-    """Options whose HF processor needs the model itself (or its config), which hfbridge never has."""
-    if getattr(config, "guidance_scale", None) not in (None, 1, 1.0):
-        raise ValueError(
-            f"{caller}() cannot apply `guidance_scale`={config.guidance_scale}: HF's classifier-free guidance "
-            "calls the model a second time itself. Compute the unconditional logits in your loop and pass a "
-            "processor that mixes them via `processors=`."
-        )
-    if getattr(config, "watermarking_config", None) is not None:
-        raise ValueError(
-            f"{caller}() cannot build a watermarking processor from `watermarking_config` (HF builds it from "
-            "the model's config); construct it yourself, e.g. "
-            "`config.construct_processor(vocab_size, device)`, and pass it via `processors=`."
-        )
 
 
 def _refuse_other_strategies(config: GenerationConfig, user_config: GenerationConfig | None, caller: str) -> None:
@@ -236,6 +222,7 @@ def build_processors(
     device: torch.device | str | None = None,
     do_sample: bool | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    unconditional: Callable[[torch.Tensor], Any] | None = None,
     **generation_kwargs: Any,
 ) -> LogitsProcessorList:
     """The `LogitsProcessorList` HF's `generate` would build for these options, in HF's order.
@@ -254,6 +241,9 @@ def build_processors(
         prefix_allowed_tokens_fn: HF's `prefix_allowed_tokens_fn(batch_id, input_ids) -> list[int]`:
             the tokens allowed after the row's tokens `input_ids` `(seq,)`; HF's
             `PrefixConstrainedLogitsProcessor` masks every other token (lm-format-enforcer's entry point).
+        unconditional: For `guidance_scale`: `unconditional(input_ids) -> logits`, the model's logits on
+            the unconditional (or negative) prompt, called once per step by HF's guidance processor
+            (see `hfbridge._step.guidance.ClassifierFreeGuidance`). Required with `guidance_scale` != 1.
         **generation_kwargs: `GenerationConfig` options (`temperature`, `top_p`, `repetition_penalty`, ...).
 
     >>> [type(p).__name__ for p in build_processors(temperature=0.7, top_p=0.9)]
@@ -264,7 +254,7 @@ def build_processors(
     )
     return processors_for_config(config, processors=processors, prompt_length=prompt_length,
                                  attention_mask=attention_mask, device=device,
-                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional)
 
 
 def processors_for_config(
@@ -275,11 +265,15 @@ def processors_for_config(
     attention_mask: torch.Tensor | None = None,
     device: torch.device | str | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    unconditional: Callable[[torch.Tensor], Any] | None = None,
+    rows: Callable[[Any], torch.Tensor] | None = None,
 ) -> LogitsProcessorList:
     """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`),
     as a `CheckedProcessorList` (each processor's output is checked when the list is called).
 
     Sets the config's private special-token tensors (`_eos_token_tensor`, ...) as `generate` does.
+    `unconditional(input_ids) -> logits` feeds `guidance_scale` (see `hfbridge._step.guidance`), `rows`
+    turns its output into `(rows, vocab)` logits (default: the last position of `(batch, seq, vocab)`).
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     check_prefix_allowed_tokens_fn(prefix_allowed_tokens_fn)
@@ -287,8 +281,14 @@ def processors_for_config(
     host = ProcessorHost(device=device)
     # None, not False, for "no mask": HF then skips its padding warnings, which are `generate`'s to give.
     host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
-    built = host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
-                                  attention_mask=attention_mask, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    guidance_scale = getattr(config, "guidance_scale", None)
+    if guidance_scale not in (None, 1, 1.0) and unconditional is None:
+        refuse_without_unconditional(guidance_scale)
+    built = host.logits_processor(deferred(config, host), prompt_length=prompt_length, processors=user,
+                                  device=device, attention_mask=attention_mask,
+                                  prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    if unconditional is not None:
+        built = with_unconditional(built, unconditional, rows if rows is not None else last_position, built_by=host)
     # HF's items in HF's order; each output is checked when called (prefix_allowed_tokens_fn's answers too)
     return CheckedProcessorList(with_checked_prefix(built))
 

@@ -22,6 +22,8 @@ import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hfbridge._step.watermark import check_watermarking_config
+
 __all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_options", "check_token_ids_in_vocab",
            "did_you_mean", "token_id_options"]
 
@@ -50,7 +52,7 @@ TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "s
 
 # Every option `check_options` knows (a prepared config is checked on these names).
 CHECKED_OPTIONS = (*_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
-                   "sequence_bias", "exponential_decay_length_penalty", "stop_strings")
+                   "sequence_bias", "exponential_decay_length_penalty", "stop_strings", "watermarking_config")
 
 
 def check_flag(name: str, value: Any, *, optional: bool = True) -> None:
@@ -105,6 +107,8 @@ def check_options(options: Mapping[str, Any]) -> None:
             _check_stop_strings(value)
         elif name in STRATEGY_OPTIONS:
             STRATEGY_OPTIONS[name](name, value)
+        elif name == "watermarking_config":
+            check_watermarking_config(value)
 
 
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:

@@ -38,6 +38,9 @@ def processor_name(processor: Any) -> str:
     """
     if isinstance(processor, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         return processor.__qualname__
+    display = getattr(processor, "display_name", None)  # hfbridge's stand-ins for HF's model-bound processors
+    if isinstance(display, str):
+        return display
     cls = type(processor)
     package = cls.__module__.split(".")[0]
     return cls.__name__ if package in ("transformers", "__main__", "builtins") else f"{package}.{cls.__name__}"
@@ -56,6 +59,10 @@ def processor_params(processor: Any, *, structured: bool = False) -> dict[str, A
     >>> processor_params(TemperatureLogitsWarper(0.5))
     {'temperature': 0.5}
     """
+    display = getattr(processor, "display_params", None)  # hfbridge's stand-ins say what they were built with
+    if isinstance(display, dict):
+        return {name: value for name, value in display.items()
+                if is_plain(value) or (structured and _is_small_structure(value))}
     try:
         accepted = set(inspect.signature(type(processor).__init__).parameters) - {"self"}
     except (TypeError, ValueError):

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from hfbridge._step.guidance import refuse_synthid_step, step_guidance
 from hfbridge._step.layout import Layout, LayoutLike
 from hfbridge._step.sampler import Sampler, extract_logits
 
@@ -40,6 +41,7 @@ def sample_step(
     attention_mask: torch.Tensor | None = None,
     fast: bool = False,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    unconditional_logits: Any = None,
     **generation_kwargs: Any,
 ) -> torch.Tensor:
     """The next tokens for `logits`, as HF's `generate` would choose them with these options.
@@ -53,6 +55,10 @@ def sample_step(
         logits: A tensor or a model output (tuple/list, mapping with "logits", `ModelOutput`).
         input_ids: The tokens so far, `(*batch, seq)`; processors such as repetition penalty
             read them. Default: no context.
+        unconditional_logits: For `guidance_scale` (classifier-free guidance): the model's output
+            for this step on the unconditional (or negative) sequence, in the layout of `logits`;
+            its last position is mixed in as HF's guidance processor mixes it. A `watermarking_config`
+            of SynthID Text keeps state from step to step: use a `Sampler` for it.
 
     Returns:
         Token ids with the layout's batch shape (`(batch,)` for `"b t v"`, 0-d for `"v"`), on the
@@ -69,6 +75,8 @@ def sample_step(
                    fast=fast, **generation_kwargs)
     if prefix_allowed_tokens_fn is not None:
         options["prefix_allowed_tokens_fn"] = prefix_allowed_tokens_fn
+    refuse_synthid_step(generation_kwargs, generation_config)  # SynthID keeps state between steps: a Sampler's job
+    options.update(step_guidance(unconditional_logits))  # guidance_scale's logits (`_step/guidance.py`)
     if generation_config is None and processors is None and attention_mask is None:
         logits = extract_logits(logits)
         sampler = _reusable_sampler(logits, options)

@@ -16,6 +16,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._step.build_processors import make_generation_config, processors_for_config
+from hfbridge._step.guidance import checked_unconditional
 from hfbridge._step.inputs import check_not_meta, extract_logits, keeps_ids_intact
 from hfbridge._step.layout import Layout, LayoutLike, from_rows, rows_of
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
@@ -48,6 +49,11 @@ class Sampler:
         prefix_allowed_tokens_fn: HF's constraint hook, `(batch_id, input_ids) -> list[int]`: the
             token ids allowed after the row's tokens `input_ids` `(seq,)` (`batch_id` is the row);
             built into HF's `PrefixConstrainedLogitsProcessor` where HF puts it.
+        unconditional: For `guidance_scale`: `unconditional(input_ids) -> logits`, called once per
+            step with the `(rows, seq)` tokens so far; returns the model's output on the
+            unconditional (or negative) sequence, in the logits' layout, whose last position HF's
+            classifier-free guidance mixes in (`hfbridge._step.guidance`). `generate` makes these
+            calls itself; `sample_step` takes the step's `unconditional_logits=`.
         **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
 
     >>> import torch
@@ -71,6 +77,7 @@ class Sampler:
         attention_mask: torch.Tensor | None = None,
         fast: bool = False,
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+        unconditional: Callable[[torch.Tensor], Any] | None = None,
         **generation_kwargs: Any,
     ):
         config = make_generation_config(
@@ -78,7 +85,7 @@ class Sampler:
         )
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
-                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional)
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -94,7 +101,8 @@ class Sampler:
     def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
                layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
-               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None) -> None:
+               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+               unconditional: Callable[[torch.Tensor], Any] | None = None) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -114,6 +122,7 @@ class Sampler:
         self.do_sample = bool(config.do_sample)
         self._user_processors = processors
         self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
+        self._unconditional = checked_unconditional(unconditional)  # guidance_scale's logits (`_step/guidance.py`)
         self._attention_mask = attention_mask
         # Token ids in the options, checked against the vocabulary once its width is known (first step).
         self._token_options = {name: getattr(config, name, None) for name in TOKEN_ID_OPTIONS}
@@ -134,7 +143,9 @@ class Sampler:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
         processors = processors_for_config(self.generation_config, processors=self._user_processors,
                                            prompt_length=self.prompt_length, attention_mask=mask, device=device,
-                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
+                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn,
+                                           unconditional=self._unconditional,
+                                           rows=lambda output: self.last_rows(extract_logits(output)))
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         return processors
 

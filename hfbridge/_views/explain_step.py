@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList
 
+from hfbridge._step.guidance import step_guidance
 from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.processor_repr import processor_name as _processor_name
@@ -212,6 +213,9 @@ def explain_step(
         raise ValueError(f"top: expected a positive int (tokens to record per stage), got {top!r}")
     if isinstance(row, bool) or not isinstance(row, int):
         raise TypeError(f"row: expected an int (which batch row to explain), got {type(row).__name__}")
+    if "unconditional_logits" in options:  # sample_step's guidance argument, as a Sampler takes it
+        unconditional = options.pop("unconditional_logits")
+        options.update(step_guidance(unconditional))
     sampler = Sampler(**options)
     # The step's own preparation, so batch shapes and errors are `sample_step`'s.
     view, ids, _ = sampler.prepare(logits, input_ids)  # [N, V] view of the logits, [N, T]

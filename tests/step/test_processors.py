@@ -222,17 +222,20 @@ def test_processor_that_is_not_callable():
         build_processors(processors=[hf.TemperatureLogitsWarper(0.5), 3])
 
 
-def test_guidance_scale_is_refused_with_a_way_out():
-    with pytest.raises(ValueError, match=re.escape("sample_step() cannot apply `guidance_scale`=2.0")):
+def test_guidance_scale_without_unconditional_logits_is_refused_with_a_way_out():
+    with pytest.raises(ValueError, match=re.escape("`guidance_scale`=2.0 needs the unconditional logits")):
         sample_step(torch.zeros(1, 3), generation_config=GenerationConfig(guidance_scale=2.0))
 
 
-def test_watermarking_is_refused_with_a_way_out():
-    from transformers import WatermarkingConfig
+def test_watermarking_from_a_generation_config():
+    from transformers import SynthIDTextWatermarkingConfig, WatermarkingConfig
 
-    config = GenerationConfig(watermarking_config=WatermarkingConfig())
-    with pytest.raises(ValueError, match=re.escape("sample_step() cannot build a watermarking processor")):
-        sample_step(torch.zeros(1, 3), generation_config=config)
+    config = GenerationConfig(watermarking_config=WatermarkingConfig(bias=50.0))
+    green = sample_step(torch.zeros(1, 8), torch.tensor([[3]]), generation_config=config)  # the bias decides
+    assert float(build_processors(config)(torch.tensor([[3]]), torch.zeros(1, 8))[0, int(green)]) == 50.0
+    synthid = GenerationConfig(watermarking_config=SynthIDTextWatermarkingConfig(ngram_len=3, keys=[1, 2]))
+    with pytest.raises(ValueError, match=re.escape("sample_step() cannot apply a SynthIDTextWatermarkingConfig")):
+        sample_step(torch.zeros(1, 3), generation_config=synthid)
 
 
 def test_max_new_tokens_alone_gives_no_length_warning(caplog):
