@@ -24,6 +24,7 @@ from hfbridge._generate.loop import LoopOptions
 from hfbridge._generate.strategies import check_strategy, is_assisted, is_beam
 from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
+from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_flag, check_options, did_you_mean
 
@@ -102,7 +103,7 @@ def _checked_mask(attention_mask: Any, input_ids: torch.Tensor) -> torch.Tensor:
 
 def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Generation options (fields of the installed `GenerationConfig`) and model inputs (the rest)."""
-    known = generation_option_names()
+    known = generation_option_names() | frozenset(COMMUNITY_OPTIONS)  # + hfbridge.processors' options
     options = {name: value for name, value in kwargs.items() if name in known}
     model_inputs = {name: value for name, value in kwargs.items() if name not in known}
     for name in model_inputs:

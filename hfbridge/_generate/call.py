@@ -111,7 +111,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
     sampler = Sampler.from_prepared(config, processors=processors, layout=layout, vocab_size=vocab_size,
                                     generator=generator, prompt_length=prompt_length, attention_mask=padding,
-                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+                                    tokenizer=tokenizer)
     state = adapter.start(sequences, mask, model_inputs)
     return_dict = bool(config.return_dict_in_generate)
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,

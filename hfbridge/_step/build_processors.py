@@ -16,6 +16,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
+from hfbridge._step import community_options
 from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_options, did_you_mean
 from hfbridge._step.processor_list import CheckedProcessorList
 
@@ -100,6 +101,9 @@ def make_generation_config(
         raise TypeError(
             f"`generation_config` must be a transformers.GenerationConfig, got {type(generation_config).__name__}."
         )
+    community, options = community_options.split_options(options)  # hfbridge.processors' options
+    if do_sample is None and any(community.get(name) is not None for name in community_options.WARPER_OPTIONS):
+        do_sample = True  # as a sampling option of HF's would
     check_option_names(options, step_option_names() if accepted is None else accepted, caller=caller)
     check_flag("do_sample", do_sample)
     if prompt_length is not None and not (isinstance(prompt_length, int) and not isinstance(prompt_length, bool)):
@@ -119,6 +123,7 @@ def make_generation_config(
     if unused:  # pragma: no cover - names were checked above
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
+    community_options.carry_options(config, community, generation_config)
     _check_values(config)
     _refuse_model_bound_options(config, caller)
     if accepted is None:
@@ -230,6 +235,7 @@ def build_processors(
     device: torch.device | str | None = None,
     do_sample: bool | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    tokenizer: Any = None,
     **generation_kwargs: Any,
 ) -> LogitsProcessorList:
     """The `LogitsProcessorList` HF's `generate` would build for these options, in HF's order.
@@ -248,6 +254,7 @@ def build_processors(
         prefix_allowed_tokens_fn: HF's `prefix_allowed_tokens_fn(batch_id, input_ids) -> list[int]`:
             the tokens allowed after the row's tokens `input_ids` `(seq,)`; HF's
             `PrefixConstrainedLogitsProcessor` masks every other token (lm-format-enforcer's entry point).
+        tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`).
         **generation_kwargs: `GenerationConfig` options (`temperature`, `top_p`, `repetition_penalty`, ...).
 
     >>> [type(p).__name__ for p in build_processors(temperature=0.7, top_p=0.9)]
@@ -258,7 +265,7 @@ def build_processors(
     )
     return processors_for_config(config, processors=processors, prompt_length=prompt_length,
                                  attention_mask=attention_mask, device=device,
-                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=tokenizer)
 
 
 def processors_for_config(
@@ -269,6 +276,8 @@ def processors_for_config(
     attention_mask: torch.Tensor | None = None,
     device: torch.device | str | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    tokenizer: Any = None,
+    generator: torch.Generator | None = None,
 ) -> LogitsProcessorList:
     """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`),
     as a `CheckedProcessorList` (each processor's output is checked when the list is called).
@@ -283,6 +292,9 @@ def processors_for_config(
     host.prepare_special_tokens(config, True if attention_mask is not None else None, device)
     built = host.logits_processor(config, prompt_length=prompt_length, processors=user, device=device,
                                   attention_mask=attention_mask, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+    # hfbridge.processors' samplers asked for by options, in their places (`community_options`)
+    built = community_options.add_processors(built, config, tokenizer=tokenizer, generator=generator,
+                                             prompt_length=prompt_length)
     return CheckedProcessorList(built)  # HF's items in HF's order; each output is checked when called
 
 

@@ -40,6 +40,7 @@ def sample_step(
     attention_mask: torch.Tensor | None = None,
     fast: bool = False,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+    tokenizer: Any = None,
     **generation_kwargs: Any,
 ) -> torch.Tensor:
     """The next tokens for `logits`, as HF's `generate` would choose them with these options.
@@ -69,7 +70,12 @@ def sample_step(
                    fast=fast, **generation_kwargs)
     if prefix_allowed_tokens_fn is not None:
         options["prefix_allowed_tokens_fn"] = prefix_allowed_tokens_fn
-    if generation_config is None and processors is None and attention_mask is None:
+    if tokenizer is not None:
+        options["tokenizer"] = tokenizer
+    # XTC draws from the generator: a cached Sampler's processors hold none, so build one for it
+    own_generator = generator is not None and generation_kwargs.get("xtc_probability") is not None
+    if generation_config is None and processors is None and attention_mask is None and tokenizer is None \
+            and not own_generator:
         logits = extract_logits(logits)
         sampler = _reusable_sampler(logits, options)
         if sampler is not None:

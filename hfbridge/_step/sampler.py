@@ -48,6 +48,7 @@ class Sampler:
         prefix_allowed_tokens_fn: HF's constraint hook, `(batch_id, input_ids) -> list[int]`: the
             token ids allowed after the row's tokens `input_ids` `(seq,)` (`batch_id` is the row);
             built into HF's `PrefixConstrainedLogitsProcessor` where HF puts it.
+        tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings).
         **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
 
     >>> import torch
@@ -71,6 +72,7 @@ class Sampler:
         attention_mask: torch.Tensor | None = None,
         fast: bool = False,
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+        tokenizer: Any = None,
         **generation_kwargs: Any,
     ):
         config = make_generation_config(
@@ -78,7 +80,7 @@ class Sampler:
         )
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
-                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, tokenizer=tokenizer)
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -94,7 +96,8 @@ class Sampler:
     def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
                layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
-               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None) -> None:
+               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+               tokenizer: Any = None) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -115,6 +118,7 @@ class Sampler:
         self._user_processors = processors
         self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
         self._attention_mask = attention_mask
+        self._tokenizer = tokenizer  # DRY's string breakers
         # Token ids in the options, checked against the vocabulary once its width is known (first step).
         self._token_options = {name: getattr(config, name, None) for name in TOKEN_ID_OPTIONS}
         self._vocab_checked: int | None = None
@@ -134,7 +138,8 @@ class Sampler:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
         processors = processors_for_config(self.generation_config, processors=self._user_processors,
                                            prompt_length=self.prompt_length, attention_mask=mask, device=device,
-                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
+                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn,
+                                           tokenizer=self._tokenizer, generator=self.generator)
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         return processors
 

@@ -255,7 +255,7 @@ def explain_step(
         raise ValueError(f"top: expected a positive int (tokens to record per stage), got {top!r}")
     if isinstance(row, bool) or not isinstance(row, int):
         raise TypeError(f"row: expected an int (which batch row to explain), got {type(row).__name__}")
-    sampler = Sampler(**options)
+    sampler = Sampler(tokenizer=tokenizer, **options)  # the tokenizer also serves DRY's string breakers
     # The step's own preparation, so batch shapes and errors are `sample_step`'s.
     view, ids, _ = sampler.prepare(logits, input_ids)  # [N, V] view of the logits, [N, T]
     rows = view.to(dtype=torch.float32, copy=True)  # [N, V]
