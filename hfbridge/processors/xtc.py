@@ -86,8 +86,9 @@ class XTCLogitsWarper(LogitsProcessor):
         remove = above & (ids != kept)  # count - 1 tokens
         if self.min_tokens_to_keep > 1:
             # after removing count - 1 tokens, min_tokens_to_keep must still be finite
-            needed = (count - 1 + self.min_tokens_to_keep - 1).clamp(max=top - 1)
-            enough = values.gather(1, needed[:, None]).squeeze(1) > -torch.inf
+            needed = count - 1 + self.min_tokens_to_keep - 1  # [B] 0-based rank of the last one to keep
+            finite = values.gather(1, needed.clamp(max=top - 1)[:, None]).squeeze(1) > -torch.inf
+            enough = (needed < top) & finite  # a vocabulary narrower than that has too few tokens
         else:
             enough = torch.ones_like(applies)
         remove &= (applies & (count >= 2) & enough)[:, None]
