@@ -29,9 +29,10 @@ def dry(tokens, scores, *, multiplier, base, allowed, last_n, breakers):
     for i in range(m):
         longest = -1
         for head, tail in breakers:
-            if head == back(i) and len(tail) <= i and len(tail) > longest:
-                if all(tail[k] == back(i - k - 1) for k in range(len(tail))):
-                    longest = len(tail)
+            if head == back(i) and longest < len(tail) <= i and all(
+                tail[k] == back(i - k - 1) for k in range(len(tail))
+            ):
+                longest = len(tail)
         if longest >= 0:
             rep_limit = i - longest
             break

@@ -228,7 +228,6 @@ def test_input_left_unchanged(cls, params):
 
 @pytest.mark.parametrize("cls,params", CLASSES, ids=lambda c: getattr(c, "__name__", ""))
 def test_wrong_row_count_names_the_parameter(cls, params):
-    name = next(iter(params))
     with pytest.raises(ValueError, match=r"^`\w+` has 3 values \(one per row\) but the scores have 2 rows.$"):
         cls(**params)(torch.zeros(2, 40, dtype=torch.long), torch.zeros(2, 30))
 

@@ -122,7 +122,7 @@ def _string_breakers(tokenizer: Any, strings: tuple[str, ...]) -> list[tuple[int
     try:
         size = len(tokenizer)
         words = tokenizer.batch_decode([[token] for token in range(size)])
-    except Exception as error:  # noqa: BLE001 - anything a tokenizer-like object raises
+    except Exception as error:  # anything a tokenizer-like object raises
         raise TypeError(f"`tokenizer` must be a transformers tokenizer (len() and batch_decode), got "
                         f"{type(tokenizer).__name__}: {error}") from None
     pairs: list[tuple[int, tuple[int, ...]]] = []

@@ -78,7 +78,7 @@ class DRYLogitsProcessor(LogitsProcessor):
         self._max_exponent = tuple(_max_exponent(b) for b in self.base.values)
         self._powers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows, length = input_ids.shape  # [B, T]
         multiplier = self.multiplier.for_rows(rows)
         allowed = self.allowed_length.for_rows(rows)
@@ -117,7 +117,7 @@ class DRYLogitsProcessor(LogitsProcessor):
 
     def _rep_limit(self, window: torch.Tensor, start: torch.Tensor, vocab: int) -> torch.Tensor:
         """`(rows,)` llama.cpp's step 1: tokens after the breaker nearest the end (else the window's length)."""
-        rows, width = window.shape
+        width = window.shape[1]
         device = window.device
         single, groups = self.breakers.masks(vocab, device)
         position = torch.arange(width, device=device)  # [M]

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._rows import RowParam
+from hfbridge.processors._rows import RowParam, finite_count
 
 __all__ = ["DynamicTemperatureLogitsWarper"]
 
@@ -45,21 +45,25 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         exponent: Shapes the curve from entropy to temperature (> 0). Default: 1.0.
     """
 
-    def __init__(self, temperature: Any, range: Any, exponent: Any = 1.0):  # noqa: A002 - llama.cpp's name
+    def __init__(self, temperature: Any, range: Any, exponent: Any = 1.0):
         self.temperature = RowParam("temperature", temperature, minimum=0.0)
         self.range = RowParam("range", range, minimum=0.0)
         self.exponent = RowParam("exponent", exponent, above=0.0)
 
-    def __call__(self, input_ids: torch.LongTensor | None, scores: torch.FloatTensor) -> torch.FloatTensor:
-        rows, vocab = scores.shape  # [B, V]
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        rows = scores.shape[0]  # [B, V]
         device, dtype = scores.device, scores.dtype
         centre = self.temperature.tensor(rows, device, dtype)[:, None]  # [B, 1]
         spread = self.range.tensor(rows, device, dtype)[:, None]
         low, high = (centre - spread).clamp(min=0), centre + spread
-        candidates = vocab - (scores == -torch.inf).sum(-1, keepdim=True)  # [B, 1]
-        probs = scores.softmax(-1)  # [B, V]
-        entropy = torch.special.entr(probs).sum(-1, keepdim=True)  # 0 * log 0 counts 0
-        normalised = entropy / (1.0 / candidates.clamp(min=2).to(dtype)).log().neg()  # llama.cpp: -log(1/n)
+        best = scores.amax(-1, keepdim=True)  # [B, 1]
+        shifted = scores - best  # [B, V] <= 0, -inf stays -inf
+        candidates = finite_count(shifted)  # [B, 1] float
+        weights = shifted.exp()  # [B, V] unnormalised p; 0 for -inf
+        total = weights.sum(-1, keepdim=True)
+        # H = -sum p log p = log Z - sum(w * shifted) / Z, with -inf (weight 0) counted as 0
+        entropy = total.log() - torch.linalg.vecdot(weights, shifted.nan_to_num_(neginf=0.0))[:, None] / total
+        normalised = entropy / (1.0 / candidates.clamp(min=2)).log().neg()  # llama.cpp: -log(1/n)
         dynamic = low + (high - low) * normalised.pow(self.exponent.tensor(rows, device, dtype)[:, None])
         # `range == 0` is plain temperature, as llama.cpp's temp_ext falls back to it; a row with at
         # most one candidate is left as it is (temperature 1)

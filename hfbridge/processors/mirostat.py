@@ -62,10 +62,10 @@ class MirostatLogitsWarper(LogitsProcessor):
         """Forget every row's state: the next call starts with `mu = 2 * tau`."""
         self.mu: torch.Tensor | None = None  # [B]
         self._ids: torch.Tensor | None = None  # [B, T] the last call's input_ids
-        self._kept_probs: torch.Tensor | None = None  # [B, V] last call's p where kept, else 0
+        self._weights: torch.Tensor | None = None  # [B, V] last call's exp(score - best) where kept, else 0
         self._kept_total: torch.Tensor | None = None  # [B, 1] their sum
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows = scores.shape[0]  # [B, V]
         device, dtype = scores.device, scores.dtype
         tau = self.tau.tensor(rows, device, dtype)
@@ -76,9 +76,8 @@ class MirostatLogitsWarper(LogitsProcessor):
         # -log2 p <= mu  <=>  p >= 2^-mu; the best token (weight 1) always stays
         floor = torch.minimum(torch.exp2(-mu)[:, None] * total, torch.ones_like(total))
         removed = weights < floor  # [B, V]
-        kept_weights = weights.masked_fill_(removed, 0.0)
-        self._kept_total = kept_weights.sum(-1, keepdim=True)
-        self._kept_probs = kept_weights  # p' = kept_weights / kept_total, read at the next call
+        self._weights = weights.masked_fill_(removed, 0.0)  # p'(X) = weights[X] / kept_total, 0 if removed
+        self._kept_total = weights.sum(-1, keepdim=True)  # [B, 1]
         self._ids = input_ids  # generate makes a new tensor each step; the old one is not written
         self.mu = mu
         return scores.masked_fill(removed, -torch.inf)
@@ -90,13 +89,13 @@ class MirostatLogitsWarper(LogitsProcessor):
         if input_ids is None:
             return fresh
         rows, length = input_ids.shape
-        if (last is None or self.mu is None or self._kept_probs is None or self._kept_total is None
-                or last.shape != (rows, length - 1) or self._kept_probs.shape != scores.shape
+        if (last is None or self.mu is None or self._weights is None or self._kept_total is None
+                or last.shape != (rows, length - 1) or self._weights.shape != scores.shape
                 or last.device != input_ids.device):
             return fresh
         continues = (input_ids[:, :-1] == last).all(-1)  # [B]: the same sequence, one token longer
         chosen = input_ids[:, -1:].long()  # [B, 1]
-        p = (self._kept_probs.gather(1, chosen) / self._kept_total).squeeze(1)  # [B] p'(X)
+        p = (self._weights.gather(1, chosen) / self._kept_total).squeeze(1)  # [B] p'(X), 0 if not kept
         surprise = -torch.log2(p)
         eta = self.eta.tensor(rows, scores.device, scores.dtype)
         updated = torch.where(p > 0, self.mu - eta * (surprise - tau), self.mu)

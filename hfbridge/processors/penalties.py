@@ -85,7 +85,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         return [length if n == 0 else 0 if n == -1 else max(length - n, 0)
                 for n in self.penalty_last_n.for_rows(rows)]
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows, length = input_ids.shape  # [B, T]
         starts = self._starts(rows, length)
         first = min(starts)

@@ -46,7 +46,7 @@ class SmoothingLogitsWarper(LogitsProcessor):
         self.factor = RowParam("factor", factor, minimum=0.0)
         self.curve = RowParam("curve", curve, minimum=1.0)
 
-    def __call__(self, input_ids: torch.LongTensor | None, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows = scores.shape[0]  # [B, V]
         if self.factor.all(lambda f: f == 0.0):
             return scores
@@ -55,18 +55,20 @@ class SmoothingLogitsWarper(LogitsProcessor):
         curve = self.curve.tensor(rows, device, dtype)[:, None]
         best = scores.amax(-1, keepdim=True)  # [B, 1]
         d = scores - best  # [B, V], <= 0; -inf stays -inf
-        if self.curve.all(lambda c: c == 1.0):
-            # -k f d^2 with k = 1: the cubic term is 0
+        curves = self.curve.for_rows(rows)
+        if all(c == 1.0 for c in curves):
+            # -k f d^2 with k = 1: the cubic term is 0; d = -inf gives -inf by itself (f > 0)
             smoothed = d.square_().mul_(-factor).add_(best)
         else:
             quadratic = (3 - curve) / 2 * factor  # [B, 1]
             cubic = (curve - 1) / 2 * factor
-            # -k f d^2 + s f d^3 = d^2 (s f d - k f)
+            # -k f d^2 + s f d^3 = d^2 (s f d - k f); d = -inf gives -inf when s > 0 (curve > 1)
             smoothed = (d * cubic - quadratic).mul_(d.square_()).add_(best)
-        unchanged = scores == -torch.inf
-        if self.factor.any(lambda f: f == 0.0):
-            unchanged = unchanged | (factor == 0)  # factor 0 is off (every score would become the best)
-        return torch.where(unchanged, scores, smoothed)
+            if any(c == 1.0 for c in curves):  # rows with s = 0 turn -inf into NaN (0 * inf)
+                smoothed = torch.where(scores == -torch.inf, scores, smoothed)
+        if self.factor.any(lambda f: f == 0.0):  # factor 0 is off (every score would become the best)
+            smoothed = torch.where(factor == 0, scores, smoothed)
+        return smoothed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(factor={self.factor}, curve={self.curve})"

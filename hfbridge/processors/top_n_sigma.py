@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._rows import described, RowParam
+from hfbridge.processors._rows import RowParam, described, finite_count
 
 __all__ = ["TopNSigmaLogitsWarper"]
 
@@ -49,14 +49,14 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         self.filter_value = filter_value
         self.min_tokens_to_keep = min_tokens_to_keep
 
-    def __call__(self, input_ids: torch.LongTensor | None, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows, vocab = scores.shape  # [B, V]
-        removed = scores == -torch.inf  # [B, V] earlier processors' removals are left out
-        count = (vocab - removed.sum(-1, keepdim=True)).clamp(min=1).to(scores.dtype)  # [B, 1]
         best = scores.amax(-1, keepdim=True)  # [B, 1]
-        shifted = (scores - best).masked_fill_(removed, 0.0)  # [B, V]; shifted for a stable two-moment sum
+        shifted = scores - best  # [B, V], shifted for a stable two-moment sum; -inf stays -inf
+        count = finite_count(shifted)  # [B, 1] earlier processors' removals are left out
+        shifted = shifted.nan_to_num_(neginf=0.0)  # they add nothing to the sums
         mean = shifted.sum(-1, keepdim=True) / count
-        variance = (shifted.square_().sum(-1, keepdim=True) / count - mean.square()).clamp(min=0)
+        variance = (torch.linalg.vecdot(shifted, shifted)[:, None] / count - mean.square()).clamp(min=0)
         floor = best - self.n.tensor(rows, scores.device, scores.dtype)[:, None] * variance.sqrt()
         if self.min_tokens_to_keep > 1:
             kth = scores.topk(min(self.min_tokens_to_keep, vocab), dim=-1).values[:, -1:]

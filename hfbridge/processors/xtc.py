@@ -62,9 +62,9 @@ class XTCLogitsWarper(LogitsProcessor):
         self.generator = generator
         self.filter_value = filter_value
         # at most floor(1 / t) tokens have p >= t; one more guards the float rounding of the sum
-        self._top = int(math.floor(1.0 / min(self.threshold.values))) + 1
+        self._top = math.floor(1.0 / min(self.threshold.values)) + 1
 
-    def __call__(self, input_ids: torch.LongTensor | None, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows, vocab = scores.shape  # [B, V]
         if self.probability.all(lambda p: p == 0.0) or vocab < 2:
             return scores
