@@ -254,3 +254,15 @@ def test_wrong_row_count_names_the_parameter(cls, params):
 def test_bad_values_are_clear_errors(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+@pytest.mark.parametrize("cls,params", CLASSES, ids=lambda c: getattr(c, "__name__", ""))
+def test_no_host_reads(cls, params):
+    from _host_reads import HostReads
+
+    processor = cls(**params)
+    ids = torch.randint(0, 6, (3, 40))
+    processor(ids, torch.randn(3, 30))  # a first call (mirostat: the step before)
+    with HostReads() as reads:
+        processor(torch.cat([ids, ids[:, :1]], dim=1), torch.randn(3, 30))
+    assert reads.count == 0, reads.ops
