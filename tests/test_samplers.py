@@ -266,3 +266,17 @@ def test_no_host_reads(cls, params):
     with HostReads() as reads:
         processor(torch.cat([ids, ids[:, :1]], dim=1), torch.randn(3, 30))
     assert reads.count == 0, reads.ops
+
+
+@pytest.mark.parametrize("vocab", [1000, 128 * 40, 128 * 40 + 77])
+def test_xtc_block_prefilter_finds_the_top_choices(vocab):
+    torch.manual_seed(vocab)
+    scores = torch.randn(16, vocab) * 2
+    scores[:, -3:] += 9  # the top choices in the partial last block
+    scores[::2, :5] += 12  # and in the first one
+    scores[3, 100:110] = 8.0  # ties
+    warper = XTCLogitsWarper(0.05, 1.0)
+    got = warper(None, scores)
+    for row in range(16):
+        expected = ref.xtc(scores[row].tolist(), threshold=0.05, applies=True)
+        assert got[row].tolist() == expected

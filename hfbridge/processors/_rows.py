@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RowParam", "described", "finite_count"]
+__all__ = ["RowParam", "described", "finite_count", "gate"]
 
 
 def described(value: Any) -> str:
@@ -54,6 +54,20 @@ def finite_count(scores: torch.Tensor) -> torch.Tensor:
     """
     removed = (scores.clamp(min=-_BIG).sum(-1, keepdim=True) / -_BIG).round()
     return (scores.shape[-1] - removed).clamp(min=1)
+
+
+def gate(values: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """`0.0` where `values >= floor` (per row), `-inf` below: add it to scores to remove those tokens.
+
+    The same as `torch.where(values >= floor, 0.0, -inf)` (NaN counts as below), in float passes only:
+    on CPU a comparison and a masked write cost about 15 reads of the scores, these four about 6.
+    Differences are scaled by 1e30 first, so that the smallest negative one clears the cut at -1e-20.
+
+    >>> gate(torch.tensor([[1.0, 2.0, 3.0, -float("inf")]]), torch.tensor([[2.0]])).tolist()
+    [[-inf, 0.0, 0.0, -inf]]
+    """
+    shifted = (values - floor).clamp_(max=0.0).mul_(1e30)  # 0 where kept, < -1e-15 (or -inf) where not
+    return torch.nn.functional.threshold_(shifted, -1e-20, -torch.inf)
 
 
 class RowParam:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._rows import RowParam
+from hfbridge.processors._rows import RowParam, gate
 
 __all__ = ["MirostatLogitsWarper"]
 
@@ -75,12 +75,13 @@ class MirostatLogitsWarper(LogitsProcessor):
         total = weights.sum(-1, keepdim=True)  # [B, 1]
         # -log2 p <= mu  <=>  p >= 2^-mu; the best token (weight 1) always stays
         floor = torch.minimum(torch.exp2(-mu)[:, None] * total, torch.ones_like(total))
-        removed = weights < floor  # [B, V]
-        self._weights = weights.masked_fill_(removed, 0.0)  # p'(X) = weights[X] / kept_total, 0 if removed
-        self._kept_total = weights.sum(-1, keepdim=True)  # [B, 1]
+        removal = gate(weights, floor)  # [B, V]: 0 kept, -inf removed
+        kept = scores + removal
+        self._weights = weights.mul_(removal.clamp_(min=-1.0).add_(1.0))  # kept weights, 0 elsewhere
+        self._kept_total = weights.sum(-1, keepdim=True)  # [B, 1]; p'(X) = weights[X] / kept_total
         self._ids = input_ids  # generate makes a new tensor each step; the old one is not written
         self.mu = mu
-        return scores.masked_fill(removed, -torch.inf)
+        return kept
 
     def _next_mu(self, input_ids: torch.Tensor, tau: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Each row's mu for this call: updated from the token chosen after the last call, or 2 tau."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._rows import RowParam, described, finite_count
+from hfbridge.processors._rows import RowParam, described, finite_count, gate
 
 __all__ = ["TopNSigmaLogitsWarper"]
 
@@ -61,6 +61,8 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         if self.min_tokens_to_keep > 1:
             kth = scores.topk(min(self.min_tokens_to_keep, vocab), dim=-1).values[:, -1:]
             floor = torch.minimum(floor, kth)
+        if self.filter_value == -torch.inf:
+            return scores + gate(scores, floor)
         return scores.masked_fill(scores < floor, self.filter_value)
 
     def __repr__(self) -> str:
