@@ -67,7 +67,7 @@ def gate(values: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     [[-inf, 0.0, 0.0, -inf]]
     """
     shifted = (values - floor).clamp_(max=0.0).mul_(1e30)  # 0 where kept, < -1e-15 (or -inf) where not
-    return torch.nn.functional.threshold_(shifted, -1e-20, -torch.inf)
+    return torch.nn.functional.threshold(shifted, -1e-20, -torch.inf, inplace=True)
 
 
 class RowParam:
