@@ -280,3 +280,24 @@ def test_xtc_block_prefilter_finds_the_top_choices(vocab):
     for row in range(16):
         expected = ref.xtc(scores[row].tolist(), threshold=0.05, applies=True)
         assert got[row].tolist() == expected
+
+
+def test_the_package_imports_only_torch_and_transformers():
+    import ast
+    from pathlib import Path
+
+    import hfbridge.processors
+
+    allowed = {"torch", "transformers", "__future__"}
+    for path in Path(hfbridge.processors.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in allowed or top in __import__("sys").stdlib_module_names \
+                    or name.startswith("hfbridge.processors"), f"{path.name} imports {name}"
