@@ -301,3 +301,34 @@ def test_the_package_imports_only_torch_and_transformers():
                 top = name.split(".")[0]
                 assert top in allowed or top in __import__("sys").stdlib_module_names \
                     or name.startswith("hfbridge.processors"), f"{path.name} imports {name}"
+
+
+def test_string_breakers_with_a_real_tokenizer():
+    from hfbridge.demo import load_demo_tokenizer
+    from hfbridge.processors._dry_breakers import compile_breakers
+
+    tokenizer = load_demo_tokenizer()
+    words = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    breakers = compile_breakers(["\n", "Sam said:"], tokenizer)
+    assert breakers.singles == {i for i, w in enumerate(words) if "\n" in w or "Sam said:" in w}
+    # a token ending with a prefix of "Sam said:" heads a breaker whose tail is the rest, tokenized
+    expected: dict[tuple, set] = {}
+    for i, word in enumerate(words):
+        if "Sam said:" in word:
+            continue
+        for start in range(len(word)):
+            rest = word[start:]
+            if rest and "Sam said:".startswith(rest):
+                tail = tuple(tokenizer.encode("Sam said:"[len(rest):], add_special_tokens=False))
+                expected.setdefault(tail, set()).add(i)
+    assert breakers.tails == expected and expected  # "Sam" + " said:" at least
+    ids = torch.tensor([tokenizer("Sam said: hello. Sam said: hello.").input_ids])
+    dry = DRYLogitsProcessor(1.0, tokenizer=tokenizer, sequence_breakers=["Sam said:"])
+    out = dry(ids, torch.zeros(1, len(tokenizer)))[0]
+    pairs = [(head, ()) for head in breakers.singles] + [(h, t) for t, heads in breakers.tails.items() for h in heads]
+    expected_scores = ref.dry(ids[0].tolist(), [0.0] * len(tokenizer), multiplier=1.0, base=1.75, allowed=2,
+                              last_n=-1, breakers=pairs)
+    assert out.tolist() == pytest.approx(expected_scores)
+    # the repeat " hello." may reach back to the breaker only: " Sam" would extend a 4-token repeat
+    assert out.nonzero().flatten().tolist() == [ids[0, 7].item()]
+    assert out[ids[0, 7]].item() == pytest.approx(-1.75 ** 2)
