@@ -209,3 +209,24 @@ def test_explain_step_shows_each_sampler():
     assert [stage.name for stage in trace.stages] == ["input", "hfbridge.DRYLogitsProcessor",
                                                       "hfbridge.TopNSigmaLogitsWarper", "hfbridge.XTCLogitsWarper"]
     assert trace.stages[-1].possible < trace.stages[0].possible
+
+
+def test_sample_step_draws_xtcs_coin_from_the_generator():
+    scores = torch.tensor([[3.0, 3.0, 2.9, 0.0]]).repeat(64, 1)
+    runs = [sample_step(scores, xtc_probability=0.5, xtc_threshold=0.1, top_k=0,
+                        generator=torch.Generator().manual_seed(seed)) for seed in (1, 1, 2)]
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    # rows where XTC applied drew token 2 (the least likely top choice) or 3
+    assert 10 < int((runs[0] >= 2).sum()) < 54
+
+
+def test_sample_step_takes_a_tokenizer_for_dry():
+    from hfbridge.demo import load_demo_tokenizer
+
+    tokenizer = load_demo_tokenizer()
+    ids = torch.tensor([tokenizer("the cat and the dog and the cat and the").input_ids])
+    scores = torch.zeros(1, len(tokenizer))
+    scores[0, ids[0, 2]] = 5.0  # the model wants " cat" again, which would extend the repeat " and the"
+    plain = sample_step(scores, ids)
+    dry = sample_step(scores, ids, dry_multiplier=10.0, tokenizer=tokenizer)
+    assert plain.item() == ids[0, 2].item() and dry.item() != plain.item()
