@@ -49,7 +49,8 @@ class Sampler:
             token ids allowed after the row's tokens `input_ids` `(seq,)` (`batch_id` is the row);
             built into HF's `PrefixConstrainedLogitsProcessor` where HF puts it.
         tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings).
-        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
+        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor, and the
+            options of `hfbridge.processors`' samplers (`dry_multiplier`, `top_n_sigma`, ...).
 
     >>> import torch
     >>> sampler = Sampler(temperature=0.7, top_k=2)
