@@ -332,3 +332,14 @@ def test_string_breakers_with_a_real_tokenizer():
     # the repeat " hello." may reach back to the breaker only: " Sam" would extend a 4-token repeat
     assert out.nonzero().flatten().tolist() == [ids[0, 7].item()]
     assert out[ids[0, 7]].item() == pytest.approx(-1.75 ** 2)
+
+
+@pytest.mark.parametrize("cls,params", CLASSES, ids=lambda c: getattr(c, "__name__", ""))
+def test_a_row_with_nothing_left_stays_so_and_an_empty_batch_works(cls, params):
+    scores = torch.randn(3, 30)
+    scores[1] = NEG_INF  # an earlier processor removed everything: exact mode's error names that one
+    out = cls(**params)(torch.randint(0, 6, (3, 40)), scores)
+    assert bool((out[1] == NEG_INF).all()) and not bool(out.isnan().any())
+    single = {name: value[0] if isinstance(value, list) and name != "sequence_breakers" else value
+              for name, value in params.items()}
+    assert cls(**single)(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 30)).shape == (0, 30)

@@ -56,7 +56,7 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         centre = self.temperature.tensor(rows, device, dtype)[:, None]  # [B, 1]
         spread = self.range.tensor(rows, device, dtype)[:, None]
         low, high = (centre - spread).clamp(min=0), centre + spread
-        best = scores.amax(-1, keepdim=True)  # [B, 1]
+        best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
         shifted = scores - best  # [B, V] <= 0, -inf stays -inf
         candidates = finite_count(shifted)  # [B, 1] float
         weights = shifted.exp()  # [B, V] unnormalised p; 0 for -inf

@@ -70,7 +70,7 @@ class MirostatLogitsWarper(LogitsProcessor):
         device, dtype = scores.device, scores.dtype
         tau = self.tau.tensor(rows, device, dtype)
         mu = self._next_mu(input_ids, tau, scores)  # [B]
-        best = scores.amax(-1, keepdim=True)  # [B, 1]
+        best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
         weights = (scores - best).exp_()  # [B, V] unnormalised p
         total = weights.sum(-1, keepdim=True)  # [B, 1]
         # -log2 p <= mu  <=>  p >= 2^-mu; the best token (weight 1) always stays

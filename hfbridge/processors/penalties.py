@@ -87,6 +87,8 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows, length = input_ids.shape  # [B, T]
+        if rows == 0:
+            return scores
         starts = self._starts(rows, length)
         first = min(starts)
         if first >= length or self._off(rows):

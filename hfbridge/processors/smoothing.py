@@ -53,7 +53,7 @@ class SmoothingLogitsWarper(LogitsProcessor):
         device, dtype = scores.device, scores.dtype
         factor = self.factor.tensor(rows, device, dtype)[:, None]  # [B, 1]
         curve = self.curve.tensor(rows, device, dtype)[:, None]
-        best = scores.amax(-1, keepdim=True)  # [B, 1]
+        best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
         d = scores - best  # [B, V], <= 0; -inf stays -inf
         curves = self.curve.for_rows(rows)
         if all(c == 1.0 for c in curves):
