@@ -52,7 +52,7 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows, vocab = scores.shape  # [B, V]
         best = scores.amax(-1, keepdim=True)  # [B, 1]
-        shifted = scores - best.clamp(min=torch.finfo(scores.dtype).min)  # a row of -inf stays -inf  # [B, V], shifted for a stable two-moment sum; -inf stays -inf
+        shifted = scores - best.clamp(min=torch.finfo(scores.dtype).min)  # [B, V] for stable sums; -inf stays
         count = finite_count(shifted)  # [B, 1] earlier processors' removals are left out
         shifted = shifted.nan_to_num_(neginf=0.0)  # they add nothing to the sums
         mean = shifted.sum(-1, keepdim=True) / count
