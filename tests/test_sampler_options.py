@@ -230,3 +230,15 @@ def test_sample_step_takes_a_tokenizer_for_dry():
     plain = sample_step(scores, ids)
     dry = sample_step(scores, ids, dry_multiplier=10.0, tokenizer=tokenizer)
     assert plain.item() == ids[0, 2].item() and dry.item() != plain.item()
+
+
+def test_generate_reads_the_options_from_a_generation_config():
+    model = Recompute(recompute_callable(_model("gpt2")))
+    config = GenerationConfig(do_sample=True, top_k=0, top_n_sigma=0.8, dry_multiplier=1.0, dry_sequence_breakers=[],
+                              max_new_tokens=10)
+    torch.manual_seed(5)
+    from_config = generate(model, PROMPT, attention_mask=MASK, generation_config=config)
+    torch.manual_seed(5)
+    from_keywords = generate(model, PROMPT, attention_mask=MASK, max_new_tokens=10, do_sample=True, top_k=0,
+                             top_n_sigma=0.8, dry_multiplier=1.0, dry_sequence_breakers=[])
+    assert torch.equal(from_config, from_keywords)
