@@ -24,6 +24,7 @@ from hfbridge._generate.modes import check_strategy
 from hfbridge._generate.options import option_names
 from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
+from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_flag, check_options, check_tokenizer, did_you_mean
 
@@ -76,7 +77,7 @@ def _checked_mask(attention_mask: Any, input_ids: torch.Tensor) -> torch.Tensor:
 
 def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Generation options (fields of the installed `GenerationConfig`) and model inputs (the rest)."""
-    known = generation_option_names()
+    known = generation_option_names() | frozenset(COMMUNITY_OPTIONS)  # + hfbridge.processors' options
     options = {name: value for name, value in kwargs.items() if name in known}
     model_inputs = {name: value for name, value in kwargs.items() if name not in known}
     for name in model_inputs:

@@ -123,7 +123,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
                                     vocab_size=options.vocab_size, generator=generator, prompt_length=prompt_length,
                                     attention_mask=padding, fast=fast,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
-                                    unconditional=unconditional)
+                                    unconditional=unconditional, tokenizer=tokenizer)
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
         state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model))

@@ -161,7 +161,8 @@ def generate(
         stopping_criteria: Extra `StoppingCriteria` (HF's `stopping_criteria=`).
         streamer: A `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`, any object with
             `put`/`end`): receives the prompt first, then each step's tokens, as HF sends them.
-        tokenizer: Needed for `stop_strings` (HF's `StopStringCriteria`).
+        tokenizer: Needed for `stop_strings` (HF's `StopStringCriteria`) and for DRY's string
+            sequence breakers (`dry_sequence_breakers`, strings by default).
         layout: The logits' layout when not `"b t v"`, e.g. `"t b v"`, `"b v"` (see `Sampler`).
         vocab_size: The real vocabulary size when the model's output is padded (extra columns can
             never be chosen).
@@ -195,7 +196,9 @@ def generate(
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
-            `output_logits`, ...). Any other name is a model input: it goes into the adapter's
+            `output_logits`, ...), and the options of `hfbridge.processors`' samplers (`dry_multiplier`,
+            `xtc_probability`, `top_n_sigma`, `presence_penalty`, `dynatemp_range`, `mirostat`, ...: see
+            docs/samplers.md). Any other name is a model input: it goes into the adapter's
             state and to the model at every call (tensors with a leading batch axis are repeated
             for `num_return_sequences`), and must be a parameter the model accepts.
             Classifier-free guidance (`guidance_scale=` != 1) also takes HF's `negative_prompt_ids=` /

@@ -16,6 +16,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
+from hfbridge._step import community_options
 from hfbridge._step.guidance import last_position, refuse_without_unconditional, with_unconditional
 from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_options, did_you_mean
 from hfbridge._step.prefix_fn import with_checked_prefix
@@ -105,6 +106,9 @@ def make_generation_config(
         raise TypeError(
             f"`generation_config` must be a transformers.GenerationConfig, got {type(generation_config).__name__}."
         )
+    community, options = community_options.split_options(options)  # hfbridge.processors' options
+    if do_sample is None and any(community.get(name) is not None for name in community_options.WARPER_OPTIONS):
+        do_sample = True  # as a sampling option of HF's would
     check_option_names(options, step_option_names() if accepted is None else accepted, caller=caller)
     check_flag("do_sample", do_sample)
     if prompt_length is not None and not (isinstance(prompt_length, int) and not isinstance(prompt_length, bool)):
@@ -127,6 +131,7 @@ def make_generation_config(
     if unused:  # pragma: no cover - names were checked above
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
+    community_options.carry_options(config, community, generation_config)
     _check_values(config)
     # guidance_scale needs `unconditional=` where the processors are built (`processors_for_config`)
     if accepted is None:
@@ -223,6 +228,7 @@ def build_processors(
     do_sample: bool | None = None,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     unconditional: Callable[[torch.Tensor], Any] | None = None,
+    tokenizer: Any = None,
     **generation_kwargs: Any,
 ) -> LogitsProcessorList:
     """The `LogitsProcessorList` HF's `generate` would build for these options, in HF's order.
@@ -244,6 +250,7 @@ def build_processors(
         unconditional: For `guidance_scale`: `unconditional(input_ids) -> logits`, the model's logits on
             the unconditional (or negative) prompt, called once per step by HF's guidance processor
             (see `hfbridge._step.guidance.ClassifierFreeGuidance`). Required with `guidance_scale` != 1.
+        tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`).
         **generation_kwargs: `GenerationConfig` options (`temperature`, `top_p`, `repetition_penalty`, ...).
 
     >>> [type(p).__name__ for p in build_processors(temperature=0.7, top_p=0.9)]
@@ -254,7 +261,8 @@ def build_processors(
     )
     return processors_for_config(config, processors=processors, prompt_length=prompt_length,
                                  attention_mask=attention_mask, device=device,
-                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional)
+                                 prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
+                                 tokenizer=tokenizer)
 
 
 def processors_for_config(
@@ -267,6 +275,8 @@ def processors_for_config(
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     unconditional: Callable[[torch.Tensor], Any] | None = None,
     rows: Callable[[Any], torch.Tensor] | None = None,
+    tokenizer: Any = None,
+    generator: torch.Generator | None = None,
 ) -> LogitsProcessorList:
     """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`),
     as a `CheckedProcessorList` (each processor's output is checked when the list is called).
@@ -289,6 +299,9 @@ def processors_for_config(
                                   prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if unconditional is not None:
         built = with_unconditional(built, unconditional, rows if rows is not None else last_position, built_by=host)
+    # hfbridge.processors' samplers asked for by options, in their places (`community_options`)
+    built = community_options.add_processors(built, config, tokenizer=tokenizer, generator=generator,
+                                             prompt_length=prompt_length)
     # HF's items in HF's order; each output is checked when called (prefix_allowed_tokens_fn's answers too)
     return CheckedProcessorList(with_checked_prefix(built))
 

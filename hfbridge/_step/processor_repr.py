@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from hfbridge.processors._rows import RowParam
+
 MAX_LIST_PARAM = 8  # longer lists or tensors (vocabulary-sized masks) are not shown as parameters
 
 
@@ -75,6 +77,8 @@ def processor_params(processor: Any, *, structured: bool = False) -> dict[str, A
     for name, value in attributes.items():
         if _STORED_AS.get(name, name) not in accepted or name == "filter_value" or value is None:
             continue
+        if isinstance(value, RowParam):  # hfbridge.processors' one value or one per row
+            value = value.values[0] if value.scalar else list(value.values)
         if structured and _is_small_structure(value):
             params[_STORED_AS.get(name, name)] = value
             continue

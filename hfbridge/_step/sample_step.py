@@ -42,6 +42,7 @@ def sample_step(
     fast: bool = False,
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     unconditional_logits: Any = None,
+    tokenizer: Any = None,
     **generation_kwargs: Any,
 ) -> torch.Tensor:
     """The next tokens for `logits`, as HF's `generate` would choose them with these options.
@@ -77,7 +78,12 @@ def sample_step(
         options["prefix_allowed_tokens_fn"] = prefix_allowed_tokens_fn
     refuse_synthid_step(generation_kwargs, generation_config)  # SynthID keeps state between steps: a Sampler's job
     options.update(step_guidance(unconditional_logits))  # guidance_scale's logits (`_step/guidance.py`)
-    if generation_config is None and processors is None and attention_mask is None:
+    if tokenizer is not None:
+        options["tokenizer"] = tokenizer
+    # XTC draws from the generator: a cached Sampler's processors hold none, so build one for it
+    own_generator = generator is not None and generation_kwargs.get("xtc_probability") is not None
+    if generation_config is None and processors is None and attention_mask is None and tokenizer is None \
+            and not own_generator:
         logits = extract_logits(logits)
         sampler = _reusable_sampler(logits, options)
         if sampler is not None:

@@ -54,7 +54,9 @@ class Sampler:
             unconditional (or negative) sequence, in the logits' layout, whose last position HF's
             classifier-free guidance mixes in (`hfbridge._step.guidance`). `generate` makes these
             calls itself; `sample_step` takes the step's `unconditional_logits=`.
-        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
+        tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings).
+        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor, and the
+            options of `hfbridge.processors`' samplers (`dry_multiplier`, `top_n_sigma`, ...).
 
     >>> import torch
     >>> sampler = Sampler(temperature=0.7, top_k=2)
@@ -78,6 +80,7 @@ class Sampler:
         fast: bool = False,
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
         unconditional: Callable[[torch.Tensor], Any] | None = None,
+        tokenizer: Any = None,
         **generation_kwargs: Any,
     ):
         config = make_generation_config(
@@ -85,7 +88,8 @@ class Sampler:
         )
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
-                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional)
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
+                    tokenizer=tokenizer)
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -102,7 +106,8 @@ class Sampler:
                layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
                fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
-               unconditional: Callable[[torch.Tensor], Any] | None = None) -> None:
+               unconditional: Callable[[torch.Tensor], Any] | None = None,
+               tokenizer: Any = None) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -124,6 +129,7 @@ class Sampler:
         self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
         self._unconditional = checked_unconditional(unconditional)  # guidance_scale's logits (`_step/guidance.py`)
         self._attention_mask = attention_mask
+        self._tokenizer = tokenizer  # DRY's string breakers
         # Token ids in the options, checked against the vocabulary once its width is known (first step).
         self._token_options = {name: getattr(config, name, None) for name in TOKEN_ID_OPTIONS}
         self._vocab_checked: int | None = None
@@ -145,7 +151,8 @@ class Sampler:
                                            prompt_length=self.prompt_length, attention_mask=mask, device=device,
                                            prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn,
                                            unconditional=self._unconditional,
-                                           rows=lambda output: self.last_rows(extract_logits(output)))
+                                           rows=lambda output: self.last_rows(extract_logits(output)),
+                                           tokenizer=self._tokenizer, generator=self.generator)
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         return processors
 

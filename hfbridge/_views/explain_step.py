@@ -216,7 +216,7 @@ def explain_step(
     if "unconditional_logits" in options:  # sample_step's guidance argument, as a Sampler takes it
         unconditional = options.pop("unconditional_logits")
         options.update(step_guidance(unconditional))
-    sampler = Sampler(**options)
+    sampler = Sampler(tokenizer=tokenizer, **options)  # the tokenizer also serves DRY's string breakers
     # The step's own preparation, so batch shapes and errors are `sample_step`'s.
     view, ids, _ = sampler.prepare(logits, input_ids)  # [N, V] view of the logits, [N, T]
     rows = view.to(dtype=torch.float32, copy=True)  # [N, V]

@@ -1,0 +1,157 @@
+"""Per-row parameters: one value for every row, or one value per row, checked once on the host.
+
+Every numeric parameter of the samplers in `hfbridge.processors` takes a scalar, a list or a 1-D
+tensor of one value per row. The values are read once, at construction (a tensor is read there,
+never at a step), checked with a message naming the parameter, and lent to each step as a `(rows,)`
+tensor on the scores' device (made once per device, dtype and row count).
+
+>>> param = RowParam("base", [1.5, 2.0], minimum=1.0)
+>>> param.values, param.scalar
+((1.5, 2.0), False)
+>>> param.tensor(2, torch.device("cpu")).tolist()
+[1.5, 2.0]
+>>> RowParam("base", 0.5, minimum=1.0)
+Traceback (most recent call last):
+...
+ValueError: `base` must be >= 1.0, got 0.5.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["RowParam", "described", "finite_count", "gate"]
+
+
+def described(value: Any) -> str:
+    """A short `type value` text for error messages.
+
+    >>> described("x"), described(True)
+    ("str 'x'", 'bool True')
+    """
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+# A removed token's score, -inf, clamped to this, counts -1 / _BIG in a row's sum: the sum then tells
+# how many there are without a boolean pass (a comparison and a boolean sum cost about 8 reads of the
+# scores on CPU, the clamp and the sum about 3).
+_BIG = 1e30
+
+
+def finite_count(scores: torch.Tensor) -> torch.Tensor:
+    """`(rows, 1)` float: how many scores of each row are above `-inf` (scores shifted to `<= 0`).
+
+    Finite scores are assumed far above `-1e30`, and their sum far below `1e29` in size (logits).
+
+    >>> finite_count(torch.tensor([[0.0, -1.0, -float("inf")], [-2.0, 0.0, -5.0]])).tolist()
+    [[2.0], [3.0]]
+    """
+    removed = (scores.clamp(min=-_BIG).sum(-1, keepdim=True) / -_BIG).round()
+    return (scores.shape[-1] - removed).clamp(min=1)
+
+
+def gate(values: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """`0.0` where `values >= floor` (per row), `-inf` below: add it to scores to remove those tokens.
+
+    The same as `torch.where(values >= floor, 0.0, -inf)` (a NaN value stays NaN), in float passes only:
+    on CPU a comparison and a masked write cost about 15 reads of the scores, these four about 6.
+    Differences are scaled by 1e30 first, so that the smallest negative one clears the cut at -1e-20.
+
+    >>> gate(torch.tensor([[1.0, 2.0, 3.0, -float("inf")]]), torch.tensor([[2.0]])).tolist()
+    [[-inf, 0.0, 0.0, -inf]]
+    """
+    floor = floor.clamp(min=torch.finfo(values.dtype).min)  # a floor of -inf keeps every value but -inf
+    shifted = (values - floor).clamp_(max=0.0).mul_(1e30)  # 0 where kept, < -1e-15 (or -inf) where not
+    return torch.nn.functional.threshold(shifted, -1e-20, -torch.inf, inplace=True)
+
+
+class RowParam:
+    """A checked parameter: one value, or one per row.
+
+    Args:
+        name: The parameter's name, used in every error message.
+        value: An int or float, a list / tuple of them, or a 1-D tensor.
+        integer: Values must be ints (a float such as `2.0` is refused).
+        minimum / maximum: Inclusive bounds. `above` / `below`: exclusive bounds.
+        check: An extra test, `value -> error text or None`, for the rules bounds cannot say.
+    """
+
+    def __init__(self, name: str, value: Any, *, integer: bool = False, minimum: float | None = None,
+                 maximum: float | None = None, above: float | None = None, below: float | None = None,
+                 check: Callable[[float], str | None] | None = None):
+        self.name = name
+        self.scalar = not (isinstance(value, (list, tuple)) or (isinstance(value, torch.Tensor) and value.ndim == 1))
+        items = _as_items(name, value)
+        kind = "an int" if integer else "a number"
+        for index, item in enumerate(items):
+            where = name if self.scalar else f"{name}[{index}]"
+            if isinstance(item, bool) or not isinstance(item, numbers.Real) or (
+                integer and not isinstance(item, numbers.Integral)
+            ):
+                raise TypeError(f"`{where}` must be {kind}, got {described(item)}.")
+            if not math.isfinite(item):
+                raise ValueError(f"`{where}` must be a finite number, got {item!r}.")
+            for bound, ok, text in ((minimum, lambda v, b: v >= b, ">="), (maximum, lambda v, b: v <= b, "<="),
+                                    (above, lambda v, b: v > b, ">"), (below, lambda v, b: v < b, "<")):
+                if bound is not None and not ok(item, bound):
+                    raise ValueError(f"`{where}` must be {text} {bound}, got {item!r}.")
+            problem = check(float(item)) if check is not None else None
+            if problem:
+                raise ValueError(f"`{where}` {problem}, got {item!r}.")
+        self.values: tuple[Any, ...] = tuple(int(v) if integer else float(v) for v in items)
+        self._tensors: dict[tuple, torch.Tensor] = {}
+
+    def __repr__(self) -> str:
+        return repr(self.values[0] if self.scalar else list(self.values))
+
+    def for_rows(self, rows: int) -> tuple[Any, ...]:
+        """The values for `rows` rows (a scalar repeated); `ValueError` when a list has another length."""
+        if self.scalar:
+            return self.values * rows
+        if len(self.values) != rows:
+            raise ValueError(
+                f"`{self.name}` has {len(self.values)} values (one per row) but the scores have {rows} rows."
+            )
+        return self.values
+
+    def tensor(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """`(rows,)` values on `device`; made once per (rows, device, dtype), no host read."""
+        key = (rows, device, dtype)
+        cached = self._tensors.get(key)
+        if cached is None:
+            cached = torch.tensor(self.for_rows(rows), dtype=dtype, device=device)
+            self._tensors[key] = cached
+        return cached
+
+    def all(self, test: Callable[[Any], bool]) -> bool:
+        """Whether every value passes `test` (host values: no device read)."""
+        return all(test(v) for v in self.values)
+
+    def any(self, test: Callable[[Any], bool]) -> bool:
+        """Whether some value passes `test`."""
+        return any(test(v) for v in self.values)
+
+
+def _as_items(name: str, value: Any) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        if value.ndim > 1:
+            raise ValueError(f"`{name}` must be a number or a 1-D tensor of one value per row, got shape "
+                             f"{tuple(value.shape)}.")
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"`{name}` must hold real numbers, got a tensor of dtype {value.dtype}.")
+        items = value.detach().cpu().reshape(-1).tolist()  # once, at construction
+        if value.is_floating_point():
+            items = [float(v) for v in items]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return [value]
+    if not items:
+        raise ValueError(f"`{name}` is empty: pass one value, or one value per row.")
+    return items

@@ -1,0 +1,121 @@
+"""Presence and frequency penalties (OpenAI's and llama.cpp's), as a `transformers.LogitsProcessor`.
+
+Definition: with `count(c)` how often token `c` occurs in the counted window,
+
+    score[c] -= count(c) * frequency_penalty + [count(c) > 0] * presence_penalty
+
+Which tokens are counted:
+
+- `penalty_last_n=None` (default): the *generated* tokens, `input_ids[:, prompt_length:]` — the
+  meaning of OpenAI's API and vLLM. It needs `prompt_length` (`generate` knows it; `sample_step`
+  and `Sampler` take `prompt_length=`).
+- `penalty_last_n=n > 0`: the last `n` tokens of `input_ids`, prompt included; `-1` means all of
+  them, `0` turns the processor off — llama.cpp's `penalty_last_n` (`repeat_last_n`).
+
+`repetition_penalty` (default 1.0, off) applies llama.cpp's repetition penalty to the tokens of the
+same window first (a score `<= 0` is multiplied by it, a positive one divided), exactly as
+llama.cpp's `penalties` sampler does in one loop; hfbridge uses it when `penalty_last_n` is given
+together with `repetition_penalty`, so that both look at the same window. HF's own
+`RepetitionPenaltyLogitsProcessor` looks at the whole of `input_ids`.
+
+Reference: llama.cpp `src/llama-sampler.cpp`, `llama_sampler_penalties_apply`; defaults from
+`common/common.h`: `penalty_last_n = 64`, `penalty_repeat = 1.0`, `penalty_freq = 0.0`,
+`penalty_present = 0.0` (hfbridge's default window is OpenAI's, the generated tokens).
+text-generation-webui counts the whole context (its `presence_penalty` / `frequency_penalty`
+use `repetition_penalty_range`).
+
+Batched: the window's tokens are counted by one scatter; no loop over rows or tokens, no host read.
+
+>>> import torch
+>>> ids = torch.tensor([[0, 1, 1]])
+>>> p = PresenceFrequencyPenaltyLogitsProcessor(presence_penalty=0.5, frequency_penalty=1.0, penalty_last_n=-1)
+>>> p(ids, torch.zeros(1, 3)).tolist()
+[[-1.5, -2.5, 0.0]]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+from hfbridge.processors._rows import RowParam, described
+
+__all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
+
+
+class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
+    """`score[c] -= count(c) * frequency_penalty + [count(c) > 0] * presence_penalty` (see the module).
+
+    Args:
+        presence_penalty: Subtracted once from every token in the window. Any finite number
+            (OpenAI allows -2 to 2). Default: 0.0. One value, or one per row.
+        frequency_penalty: Subtracted once per occurrence. Default: 0.0. One value, or one per row.
+        penalty_last_n: `None`: count the generated tokens (needs `prompt_length`). `n > 0`: the
+            last `n` tokens of `input_ids`; `-1`: all of them; `0`: off. Default: None.
+        prompt_length: The prompt's length in tokens, for `penalty_last_n=None`.
+        repetition_penalty: llama.cpp's repetition penalty on the same window, applied first
+            (> 0; 1.0 = off). Default: 1.0.
+    """
+
+    def __init__(self, presence_penalty: Any = 0.0, frequency_penalty: Any = 0.0, penalty_last_n: Any = None,
+                 prompt_length: int | None = None, repetition_penalty: Any = 1.0):
+        self.presence_penalty = RowParam("presence_penalty", presence_penalty)
+        self.frequency_penalty = RowParam("frequency_penalty", frequency_penalty)
+        self.repetition_penalty = RowParam("repetition_penalty", repetition_penalty, above=0.0)
+        self.penalty_last_n = None if penalty_last_n is None else RowParam(
+            "penalty_last_n", penalty_last_n, integer=True, minimum=-1)
+        if prompt_length is not None and (isinstance(prompt_length, bool) or not isinstance(prompt_length, int)
+                                          or prompt_length < 0):
+            raise ValueError(f"`prompt_length` must be an int >= 0 (the prompt's length in tokens), got "
+                             f"{described(prompt_length)}.")
+        if penalty_last_n is None and prompt_length is None:
+            raise ValueError(
+                "presence/frequency penalties count the generated tokens, so they need `prompt_length=` (the "
+                "prompt's length in tokens); or pass `penalty_last_n=` to count the last n tokens of input_ids, "
+                "prompt included (-1 = all of them, llama.cpp's meaning)."
+            )
+        self.prompt_length = prompt_length
+
+    def _starts(self, rows: int, length: int) -> list[int]:
+        """Per row, the first position of `input_ids` in the window (`length` = off)."""
+        if self.penalty_last_n is None:
+            return [min(int(self.prompt_length or 0), length)] * rows
+        return [length if n == 0 else 0 if n == -1 else max(length - n, 0)
+                for n in self.penalty_last_n.for_rows(rows)]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        rows, length = input_ids.shape  # [B, T]
+        if rows == 0:
+            return scores
+        starts = self._starts(rows, length)
+        first = min(starts)
+        if first >= length or self._off(rows):
+            return scores
+        window = input_ids[:, first:].long()  # [B, M], oldest first
+        device = scores.device
+        counted = None  # [B, M] bool: the position lies in the row's own window
+        if any(start != first for start in starts):
+            offsets = torch.tensor(starts, device=device)[:, None] - first
+            counted = torch.arange(window.shape[1], device=device) >= offsets
+        weights = torch.ones(window.shape, dtype=scores.dtype, device=device) if counted is None \
+            else counted.to(scores.dtype)
+        counts = torch.zeros_like(scores).scatter_add_(1, window, weights).gather(1, window)  # [B, M]
+        old = scores.gather(1, window)  # [B, M]
+        repeat = self.repetition_penalty.tensor(rows, device, scores.dtype)[:, None]
+        new = torch.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
+        frequency = self.frequency_penalty.tensor(rows, device, scores.dtype)[:, None]
+        presence = self.presence_penalty.tensor(rows, device, scores.dtype)[:, None]
+        new = new - (counts * frequency + (counts > 0).to(scores.dtype) * presence)
+        # every position of a token writes the same value (its count is the row's), so duplicates agree
+        return scores.scatter(1, window, torch.where(counts > 0, new, old))
+
+    def _off(self, rows: int) -> bool:
+        return (self.presence_penalty.all(lambda v: v == 0) and self.frequency_penalty.all(lambda v: v == 0)
+                and self.repetition_penalty.all(lambda v: v == 1))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(presence_penalty={self.presence_penalty}, frequency_penalty="
+                f"{self.frequency_penalty}, penalty_last_n={self.penalty_last_n}, prompt_length={self.prompt_length}, "
+                f"repetition_penalty={self.repetition_penalty})")

@@ -1,0 +1,124 @@
+"""XTC, "exclude top choices", as a `transformers.LogitsWarper`-style `LogitsProcessor`.
+
+Definition (per row): with probability `probability`, if two or more tokens have probability
+`p >= threshold`, remove all of them but the least likely one; if that would leave fewer than
+`min_tokens_to_keep` tokens, the row is left unchanged. Probabilities are the softmax of the
+scores the warper receives (tokens already at `-inf` have none). Among tokens of exactly equal
+score at the boundary, the one with the highest id is kept.
+
+Reference: llama.cpp `src/llama-sampler.cpp`, `llama_sample_xtc_apply` (the sampler was designed
+by p-e-w for text-generation-webui, PR #6335); defaults from `common/common.h`:
+`xtc_probability = 0.0` (off), `xtc_threshold = 0.1`. llama.cpp skips the sampler when
+`threshold > 0.5` (no two tokens can both be above it), which the definition gives anyway.
+text-generation-webui also never removes the newline and EOS tokens ("special tokens"); llama.cpp
+does not, nor does this class.
+
+Randomness: one uniform number per row and call, from `generator` when given (a
+`torch.Generator` on the scores' device), else from torch's global RNG. A row applies XTC when its
+number is `< probability` (so 1.0 always, 0.0 never).
+
+Batched and sync-free: at most `floor(1 / threshold) + 1` tokens can have `p >= threshold`, so one
+`topk` of that size, the row's log-normaliser and one scatter do the work.
+
+>>> import torch
+>>> scores = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+>>> XTCLogitsWarper(threshold=0.19, probability=1.0)(None, scores).exp()
+tensor([[0.0000, 0.0000, 0.2000, 0.1000]])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+from hfbridge.processors._rows import RowParam, described
+
+__all__ = ["XTCLogitsWarper"]
+
+
+class XTCLogitsWarper(LogitsProcessor):
+    """Exclude top choices (see the module).
+
+    Args:
+        threshold: Tokens with `p >= threshold` are the "top choices", in (0, 1]. Default: 0.1.
+        probability: Chance per row and step that XTC applies, in [0, 1]. Default: 0.5.
+        min_tokens_to_keep: A row that would keep fewer tokens is left unchanged (int >= 1). Default: 1.
+        generator: A `torch.Generator` for the per-row coin. Default: the global RNG.
+        filter_value: The score of a removed token. Default: -inf.
+    """
+
+    def __init__(self, threshold: Any = 0.1, probability: Any = 0.5, min_tokens_to_keep: int = 1,
+                 generator: torch.Generator | None = None, filter_value: float = -float("inf")):
+        self.threshold = RowParam("threshold", threshold, above=0.0, maximum=1.0)
+        self.probability = RowParam("probability", probability, minimum=0.0, maximum=1.0)
+        if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:
+            raise ValueError(f"`min_tokens_to_keep` must be an int >= 1, got {described(min_tokens_to_keep)}.")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+        self.min_tokens_to_keep = min_tokens_to_keep
+        self.generator = generator
+        self.filter_value = filter_value
+        # at most floor(1 / t) tokens have p >= t; one more guards the float rounding of the sum
+        self._top = math.floor(1.0 / min(self.threshold.values)) + 1
+
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        rows, vocab = scores.shape  # [B, V]
+        if self.probability.all(lambda p: p == 0.0) or vocab < 2:
+            return scores
+        device = scores.device
+        coin = torch.rand(rows, device=device, generator=self.generator)  # [B], one number per row and call
+        applies = coin < self.probability.tensor(rows, device)  # [B]
+        top = min(vocab, self._top + self.min_tokens_to_keep - 1)
+        values, ids = _top(scores, top)  # [B, K], descending
+        best = values[:, :1]  # [B, 1]
+        shifted = scores - best
+        total = shifted.exp_().sum(-1, keepdim=True)  # [B, 1]: softmax's normaliser, as llama.cpp sums it
+        probs = (values - best).exp() / total  # [B, K]
+        above = probs >= self.threshold.tensor(rows, device, scores.dtype)[:, None]  # a prefix of the K
+        count = above.sum(-1)  # [B]
+        # the least likely above the threshold stays: ties with it keep the highest token id
+        lowest = torch.where(above, values, torch.inf).amin(-1, keepdim=True)
+        tied = above & (values == lowest)
+        kept = torch.where(tied, ids, -1).amax(-1, keepdim=True)
+        remove = above & (ids != kept)  # count - 1 tokens
+        if self.min_tokens_to_keep > 1:
+            # after removing count - 1 tokens, min_tokens_to_keep must still be finite
+            needed = count - 1 + self.min_tokens_to_keep - 1  # [B] 0-based rank of the last one to keep
+            finite = values.gather(1, needed.clamp(max=top - 1)[:, None]).squeeze(1) > -torch.inf
+            enough = (needed < top) & finite  # a vocabulary narrower than that has too few tokens
+        else:
+            enough = torch.ones_like(applies)
+        remove &= (applies & (count >= 2) & enough)[:, None]
+        return scores.scatter(1, ids, torch.where(remove, torch.full_like(values, self.filter_value), values))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(threshold={self.threshold}, probability={self.probability}, "
+                f"min_tokens_to_keep={self.min_tokens_to_keep})")
+
+
+_BLOCK = 128  # columns per block of the prefilter
+
+
+def _top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` largest scores per row and their ids, as `topk` (values exact; ties in any order).
+
+    The k blocks of 128 columns with the largest maxima hold the k largest values (a value outside
+    them is at most the k-th largest block maximum, so k other values are at least as large), so
+    `topk` runs on those blocks (and the last, partial one) instead of the whole row: one read of the
+    scores for the block maxima, then a few thousand candidates.
+    """
+    rows, vocab = scores.shape  # [B, V]
+    blocks = vocab // _BLOCK
+    if blocks <= 4 * k:
+        return scores.topk(k, dim=-1)
+    main = blocks * _BLOCK
+    chosen = scores[:, :main].reshape(rows, blocks, _BLOCK).amax(-1).topk(k, dim=-1).indices  # [B, k] blocks
+    columns = (chosen[:, :, None] * _BLOCK + torch.arange(_BLOCK, device=scores.device)).flatten(1)  # [B, k*128]
+    if main < vocab:
+        tail = torch.arange(main, vocab, device=scores.device).expand(rows, -1)
+        columns = torch.cat([columns, tail], dim=1)
+    values, where = scores.gather(1, columns).topk(k, dim=-1)
+    return values, columns.gather(1, where)
