@@ -19,6 +19,9 @@ from hfbridge._step.build_processors import make_generation_config, processors_f
 from hfbridge._step.inputs import check_not_meta, extract_logits, keeps_ids_intact
 from hfbridge._step.layout import Layout, LayoutLike, from_rows, rows_of
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
+from hfbridge._step.per_row import PerRowValues, split_per_row
+from hfbridge._step.per_row_draw import Generators, Unit, check_generators, choose_rows, fast_rows
+from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.processor_list import processor_name
 from hfbridge._step.routes import greedy_choice, ids_outside
 from hfbridge._step.row_errors import invalid_rows_error
@@ -73,12 +76,13 @@ class Sampler:
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
         **generation_kwargs: Any,
     ):
+        generation_kwargs, per_row = split_per_row(generation_kwargs)  # one value per row: `_per_row.py`
         config = make_generation_config(
             generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
         )
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
-                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                    prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, per_row=per_row)
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -94,7 +98,8 @@ class Sampler:
     def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
                layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
-               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None) -> None:
+               fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+               per_row: PerRowValues | None = None) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -110,6 +115,8 @@ class Sampler:
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
         self.fast = bool(fast)
+        self._per_row = per_row
+        self._plan = per_row.plan(config) if per_row is not None else None  # may turn do_sample off: all greedy
         self.generation_config = config
         self.do_sample = bool(config.do_sample)
         self._user_processors = processors
@@ -124,17 +131,22 @@ class Sampler:
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
 
-    def _setup_generator(self, generator: torch.Generator | None) -> None:
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+    def _setup_generator(self, generator: Generators) -> None:
+        check_generators(generator)
         self.generator = generator
         self._generator_fits: tuple[torch.Generator, torch.device] | None = None  # checked last, see `_check_generator`
 
     def _build(self, device: torch.device) -> LogitsProcessorList:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
-        processors = processors_for_config(self.generation_config, processors=self._user_processors,
-                                           prompt_length=self.prompt_length, attention_mask=mask, device=device,
-                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
+        def build(config: GenerationConfig) -> LogitsProcessorList:
+            return processors_for_config(config, processors=self._user_processors, prompt_length=self.prompt_length,
+                                         attention_mask=mask, device=device,
+                                         prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn)
+
+        processors = build(self.generation_config)
+        if self._plan is not None:  # HF's list per group of rows, merged (`_per_row.RowPlan.build`)
+            processors = CheckedProcessorList(self._plan.build(processors, build, device))
+            self._row_memos: list[dict[str, Any]] = [{} for _ in range(max(len(self._plan.groups), self._plan.rows))]
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         return processors
 
@@ -207,6 +219,16 @@ class Sampler:
         if rows.shape[-1] != self._vocab_checked:
             self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
+        self._check_rows_per_row(rows.shape[0])
+        if self.fast and self.do_sample and (self._plan is not None or isinstance(self.generator, (list, tuple))):
+            lent = rows.dtype == torch.float32
+            result = fast_rows(input_ids, rows, self._fast_units(rows.shape[0], rows.device), read_only=lent)
+            known = result.known_valid
+            self._fast_valid = known if known is not None else result.valid
+            self._last_fast = (result, rows)
+            if check or (check is None and rows.device.type == "cpu"):
+                self.check_rows()
+            return result.tokens
         if self.fast and self.do_sample:
             from hfbridge._step.fast.fast_path import fast_draw
 
@@ -355,6 +377,39 @@ class Sampler:
             )
         return ids
 
+    def _check_rows_per_row(self, rows: int) -> None:
+        """One value (and one generator) per row: the step must have that many rows."""
+        if self._per_row is not None:
+            self._per_row.check_rows(rows)
+        if isinstance(self.generator, (list, tuple)) and len(self.generator) != rows:
+            raise ValueError(f"`generator` is a list of {len(self.generator)} generators, one per row, but the "
+                             f"step has {rows} rows; pass one generator per row, or a single generator.")
+
+    def _fast_units(self, n: int, device: torch.device) -> list[Unit]:
+        """The fast path's parts: one per group of rows, or one per row with a generator per row."""
+        plan, generator = self._plan, self.generator
+        if plan is None:  # one generator per row, the same options
+            assert isinstance(generator, (list, tuple))
+            return [(torch.tensor([row], device=device), [row], self._processors, True, generator[row],
+                     self._row_memos_for(n)[row]) for row in range(n)]
+        memos = self._row_memos
+        units: list[Unit] = []
+        for g, ((_, rows), index, processors) in enumerate(zip(plan.groups, plan.indices, plan.lists)):
+            listed = LogitsProcessorList(processors)
+            samples = plan.samples[rows[0]]
+            if isinstance(generator, (list, tuple)):
+                units += [(index[j:j + 1], [row], listed, samples, generator[row], memos[row])
+                          for j, row in enumerate(rows)]
+            else:
+                units.append((index, rows, listed, samples, generator, memos[g]))
+        return units
+
+    def _row_memos_for(self, n: int) -> list[dict[str, Any]]:
+        memos = getattr(self, "_row_memos", None)
+        if memos is None or len(memos) != n:
+            memos = self._row_memos = [{} for _ in range(n)]
+        return memos
+
     def _processors_on(self, device: torch.device) -> LogitsProcessorList:
         if device != self._device:
             self._device = device
@@ -365,20 +420,24 @@ class Sampler:
         fits = self._generator_fits
         if self.generator is None or (fits is not None and fits[0] is self.generator and fits[1] == device):
             return  # checked at the last step (twice a step in exact sampling: `prepare` and `choose`)
-        generator_device = torch.device(self.generator.device)
-        if generator_device.type != device.type or (
-            device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
-        ):
-            raise ValueError(
-                f"`generator` is on {generator_device} but the logits are on {device}; "
-                f"create it with torch.Generator(device={str(device)!r})."
-            )
+        for index, generator in enumerate(self.generator if isinstance(self.generator, (list, tuple))
+                                          else [self.generator]):
+            generator_device = torch.device(generator.device)
+            if generator_device.type != device.type or (
+                device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
+            ):
+                name = "generator" if isinstance(self.generator, torch.Generator) else f"generator[{index}]"
+                raise ValueError(
+                    f"`{name}` is on {generator_device} but the logits are on {device}; "
+                    f"create it with torch.Generator(device={str(device)!r})."
+                )
         self._generator_fits = (self.generator, device)
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
         if scores.shape[-1] != self._vocab_checked:
             self._check_vocab(scores.shape[-1])
+        self._check_rows_per_row(scores.shape[0])
         return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
     def _check_vocab(self, vocab: int) -> None:
@@ -398,6 +457,12 @@ class Sampler:
             self._check_best(best, scores, raw)
             return tokens
         self._check_generator(scores.device)
+        if self._plan is not None or isinstance(self.generator, (list, tuple)):
+            self._check_rows_per_row(scores.shape[0])
+            tokens, valid = choose_rows(scores, self._samples_on(scores.device), self.generator, self._sample_rows())
+            if isinstance(valid, torch.Tensor) and not bool(valid.all()):  # the flag `choose_rows` has read
+                self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
+            return tokens
         probs = torch.nn.functional.softmax(scores, dim=-1)
         try:
             # torch.multinomial reads its input to refuse NaN / inf / all-zero rows (a host read we
@@ -407,6 +472,20 @@ class Sampler:
             failure = error
         self._check_best(scores.amax(dim=-1), scores, raw)  # names the row
         raise failure
+
+    def _samples_on(self, device: torch.device) -> torch.Tensor | None:
+        """`(rows,)` bool, True where a row samples; None when every row does."""
+        if self._plan is None or not self._plan.mixed:
+            return None
+        samples = getattr(self, "_samples", None)
+        if samples is None or samples.device != device:
+            samples = self._samples = torch.tensor(self._plan.samples, device=device)
+        return samples
+
+    def _sample_rows(self) -> list[int] | None:
+        if self._plan is None or not self._plan.mixed:
+            return None
+        return [row for row, sample in enumerate(self._plan.samples) if sample]
 
     def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
         """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""

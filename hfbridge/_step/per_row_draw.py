@@ -1,0 +1,158 @@
+"""Choosing tokens when rows differ: greedy rows beside sampled ones, one generator per row, per-row fast draws.
+
+- `choose_rows` (exact mode): HF's draw, `softmax` then `torch.multinomial`, for the sampled rows
+  and HF's argmax for the greedy ones (a temperature of 0). With one generator per row, row i is
+  drawn by `torch.multinomial` on its own `(1, vocab)` probabilities with generator i: exactly the
+  draw of that row alone (the softmax of a row does not depend on the other rows).
+- `fast_rows` (`fast=True`): the fast path once per group of rows with equal values (each group's
+  own HF list, so the fused kernels see HF's classes with scalar values), or once per row with a
+  generator per row; greedy groups take HF's argmax. A row drawn alone runs the same code on the
+  same `(1, vocab)` row, so its token does not depend on the rest of the batch.
+
+>>> import torch
+>>> scores = torch.tensor([[0.0, 5.0], [3.0, 0.0]])
+>>> choose_rows(scores, torch.tensor([False, True]), None)[0].tolist()
+[1, 0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hfbridge._step.routes import greedy_choice
+
+__all__ = ["Generators", "GroupedDraw", "Unit", "check_generators", "choose_rows", "fast_rows"]
+
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def check_generators(generator: Any) -> None:
+    """`TypeError` unless `generator` is None, a `torch.Generator`, or a non-empty list or tuple of them.
+
+    >>> check_generators([torch.Generator(), 3])
+    Traceback (most recent call last):
+    ...
+    TypeError: `generator[1]` must be a torch.Generator (one per row), got int.
+    """
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if not isinstance(generator, (list, tuple)):
+        raise TypeError(f"`generator` must be a torch.Generator or a list of them (one per row), "
+                        f"got {type(generator).__name__}.")
+    if not generator:
+        raise ValueError("`generator` is an empty list; pass one torch.Generator per row, or a single one.")
+    for index, item in enumerate(generator):
+        if not isinstance(item, torch.Generator):
+            raise TypeError(f"`generator[{index}]` must be a torch.Generator (one per row), got {type(item).__name__}.")
+
+
+def choose_rows(scores: torch.Tensor, samples: torch.Tensor | None, generator: Generators,
+                sample_rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(tokens, valid)`: HF's multinomial draw for sampled rows, HF's argmax for the others.
+
+    Args:
+        scores: `(rows, vocab)` processed float32 scores.
+        samples: `(rows,)` bool, True where the row samples; None: every row samples.
+        generator: One generator for every row, a list with one per row, or None (the global RNG).
+        sample_rows: The rows that sample, as ints (known when the options were set).
+
+    Returns:
+        `(rows,)` int64 tokens, and `(rows,)` bool: False for a row with nothing to choose (its best
+        score -inf or NaN; +inf too for a sampled row). Rows are drawn only when every row is valid.
+    """
+    n = scores.shape[0]
+    tokens, best = greedy_choice(scores)  # [N], [N]
+    finite = best.abs() < float("inf")
+    valid = finite if samples is None else torch.where(samples, finite, best > float("-inf"))
+    if not bool(valid.all()):  # the one host read: HF's multinomial would read the rows anyway
+        return tokens, valid
+    rows = list(range(n)) if sample_rows is None else list(sample_rows)
+    if not rows:
+        return tokens, valid
+    index = torch.tensor(rows, dtype=torch.long, device=scores.device)
+    picked = scores if len(rows) == n else scores.index_select(0, index)  # [S, V]
+    probs = torch.nn.functional.softmax(picked, dim=-1)
+    if isinstance(generator, (list, tuple)):
+        drawn = torch.cat([torch.multinomial(probs[j:j + 1], 1, generator=generator[row]).squeeze(1)
+                           for j, row in enumerate(rows)])  # [S]: row i from generator i only
+    else:
+        drawn = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+    if len(rows) == n:
+        return drawn, valid
+    return tokens.index_copy(0, index, drawn), valid
+
+
+class GroupedDraw:
+    """The fast path's `FastDraw` for a batch drawn in parts: `tokens`, `valid`, `known_valid`, `final_scores()`."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        self.tokens = torch.empty(n, dtype=torch.long, device=device)
+        self._valid = torch.empty(n, dtype=torch.bool, device=device)
+        self._parts: list[tuple[torch.Tensor, Any]] = []  # (rows, FastDraw or greedy scores)
+        self._known: list[bool | None] = []
+
+    def add(self, index: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor | bool, part: Any,
+            known: bool | None) -> None:
+        self.tokens.index_copy_(0, index, tokens)
+        if isinstance(valid, bool):
+            self._valid.index_fill_(0, index, valid)
+        else:
+            self._valid.index_copy_(0, index, valid)
+        self._parts.append((index, part))
+        self._known.append(known)
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self._valid
+
+    @property
+    def known_valid(self) -> bool | None:
+        if any(known is None for known in self._known):
+            return None
+        return all(bool(known) for known in self._known)
+
+    def final_scores(self) -> torch.Tensor:
+        """`(rows, vocab)` HF's processed scores of every row (for the error message)."""
+        scores: torch.Tensor | None = None
+        for index, part in self._parts:
+            got = part if isinstance(part, torch.Tensor) else part.final_scores()
+            if scores is None:
+                scores = got.new_full((self.tokens.shape[0], got.shape[1]), float("nan"))
+            scores.index_copy_(0, index, got)
+        assert scores is not None
+        return scores
+
+
+Unit = tuple[torch.Tensor, Sequence[int], Any, bool, Any, Any]
+
+
+def fast_rows(input_ids: torch.Tensor, rows: torch.Tensor, units: Sequence[Unit], *, read_only: bool) -> GroupedDraw:
+    """The fast path per unit of rows: `(index, row ints, processors, samples, generator, memo)` each.
+
+    `rows` is `(rows, vocab)` (float32 and lent read-only when `read_only`); each unit's rows are
+    drawn alone, as a batch of only those rows.
+    """
+    from hfbridge._step.fast.fast_path import fast_draw
+
+    result = GroupedDraw(rows.shape[0], rows.device)
+    for index, row_list, processors, samples, generator, memo in units:
+        if len(row_list) == 1:
+            row = row_list[0]
+            part_rows, ids, lent = rows[row:row + 1], input_ids[row:row + 1], read_only  # [1, V]: a view, as alone
+            if not lent:
+                part_rows = part_rows.to(torch.float32, copy=True)
+        else:
+            ids = input_ids.index_select(0, index)  # [n, T]
+            part_rows, lent = rows.index_select(0, index).to(torch.float32), False  # [n, V], a private copy
+        if samples:
+            drawn = fast_draw(ids, part_rows, processors, generator, memo=memo, read_only=lent)
+            result.add(index, drawn.tokens, drawn.valid if drawn.known_valid is None else drawn.known_valid, drawn,
+                       drawn.known_valid)
+        else:
+            scores = processors(ids, part_rows if not lent else part_rows.clone())  # [n, V]
+            tokens, best = greedy_choice(scores)
+            result.add(index, tokens, best > float("-inf"), scores, None)
+    return result
