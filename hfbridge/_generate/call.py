@@ -30,10 +30,11 @@ from hfbridge._generate.args import check_config, checked_arguments, has_default
 from hfbridge._generate.hf_loops.beam import check_beam_options
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
-from hfbridge._generate.strategies import is_beam
+from hfbridge._generate.strategies import is_assisted, is_beam
 from hfbridge._hf.host import ProcessorHost, generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.build_processors import callable_list, make_generation_config
+from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.sampler import Sampler
 
 
@@ -59,6 +60,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
              assistant_model: Any = None) -> Call:
     """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
     # 1. Arguments, and `**kwargs` split into generation options and model inputs.
+    kwargs, per_row = split_per_row(kwargs)  # one value per prompt (`_step/per_row.py`)
     attention_mask, options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config, streamer=streamer,
         generator=generator, layout=layout, fast=fast, kwargs=kwargs)
@@ -88,6 +90,9 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
 
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
     expand = config.num_beams if is_beam(config) else (config.num_return_sequences or 1)
+    per_row = check_rows_of_call(per_row, generator, batch=batch, expand=expand,
+                                 strategy="beam search" if is_beam(config) else "assisted decoding"
+                                 if is_assisted(config, assistant_model) else None)
     sequences = input_ids.to(dtype=torch.long, copy=True)  # [B, T], our own copy
     mask = attention_mask.to(dtype=torch.long, copy=True)  # [B, T]
     if expand > 1:
@@ -111,7 +116,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, gener
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
     sampler = Sampler.from_prepared(config, processors=processors, layout=layout, vocab_size=vocab_size,
                                     generator=generator, prompt_length=prompt_length, attention_mask=padding,
-                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
+                                    fast=fast, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, per_row=per_row)
     state = adapter.start(sequences, mask, model_inputs)
     return_dict = bool(config.return_dict_in_generate)
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
@@ -157,3 +162,23 @@ def progress_bar(progress: bool, total: int) -> Any:
             "(or, in a clone of hfbridge, `pip install -e \".[progress]\"`)."
         ) from None
     return tqdm(total=total, desc="generate", unit="tok")
+
+
+def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: int, expand: int,
+                       strategy: str | None) -> PerRowValues | None:
+    """Per-row options (one per prompt) expanded to the call's rows; a generator list has one per row."""
+    rows = batch * expand
+    if strategy is not None and (per_row is not None or isinstance(generator, (list, tuple))):
+        what = f"`{next(iter(per_row.values))}` per row" if per_row is not None else "a list of generators"
+        raise ValueError(f"generate(): {what} works with greedy decoding and sampling, not with {strategy}; "
+                         "pass a single value (and a single generator).")
+    if isinstance(generator, (list, tuple)) and len(generator) != rows:
+        raise ValueError(
+            f"`generator` is a list of {len(generator)} generators, but generate() makes {rows} rows ({batch} "
+            f"prompts x {expand} sequences each); pass one generator per returned sequence, row i of the output "
+            "drawn from generator i."
+        )
+    if per_row is None:
+        return None
+    per_row.check_rows(batch, what="`input_ids` has")
+    return per_row.expanded(expand) if expand > 1 else per_row

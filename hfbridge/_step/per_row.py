@@ -124,7 +124,7 @@ def _checked_values(name: str, value: Any) -> tuple:
             raise ValueError(f"{label} must be a finite number, got {item!r}.")
         if name == "temperature" and item < 0:
             raise ValueError(f"{label} must be >= 0 (0 is greedy), got {item!r}.")
-        checked.append(int(item) if is_int else float(item))
+        checked.append(int(item) if is_int else float(item))  # type: ignore[call-overload]
     return tuple(checked)
 
 
@@ -307,6 +307,6 @@ class PerRowProcessor:
         return f"PerRow[{self.name}]({', '.join(repr(p) for p, _ in self.parts)})"
 
     @property
-    def __name__(self) -> str:  # noqa: PLW3201 - shown by `Sampler.__repr__` and the processor tables
+    def __name__(self) -> str:
         return f"PerRow[{self.name}]"
 

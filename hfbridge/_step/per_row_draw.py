@@ -18,13 +18,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
+from transformers import LogitsProcessorList
 
+from hfbridge._step.per_row import PerRowValues, RowPlan
 from hfbridge._step.routes import greedy_choice
 
-__all__ = ["Generators", "GroupedDraw", "Unit", "check_generators", "choose_rows", "fast_rows"]
+__all__ = ["Generators", "GroupedDraw", "RowState", "Unit", "check_generators", "choose_rows", "fast_rows"]
 
 Generators = torch.Generator | Sequence[torch.Generator] | None
 
@@ -79,7 +81,7 @@ def choose_rows(scores: torch.Tensor, samples: torch.Tensor | None, generator: G
         drawn = torch.cat([torch.multinomial(probs[j:j + 1], 1, generator=generator[row]).squeeze(1)
                            for j, row in enumerate(rows)])  # [S]: row i from generator i only
     else:
-        drawn = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+        drawn = torch.multinomial(probs, num_samples=1, generator=cast(torch.Generator | None, generator)).squeeze(1)
     if len(rows) == n:
         return drawn, valid
     return tokens.index_copy(0, index, drawn), valid
@@ -156,3 +158,53 @@ def fast_rows(input_ids: torch.Tensor, rows: torch.Tensor, units: Sequence[Unit]
             tokens, best = greedy_choice(scores)
             result.add(index, tokens, best > float("-inf"), scores, None)
     return result
+
+
+class RowState:
+    """What a `Sampler` keeps for per-row options and generators: the plan, the row checks, the
+    fast path's parts and their memos (one per group, or one per row with a generator per row)."""
+
+    def __init__(self, values: PerRowValues | None, plan: RowPlan | None) -> None:
+        self.values, self.plan = values, plan
+        self._memos: dict[int, dict[str, Any]] = {}
+        self._samples: torch.Tensor | None = None
+
+    def check(self, rows: int, generator: Generators) -> None:
+        """One value (and one generator) per row: `ValueError` unless the step has that many rows."""
+        if self.values is not None:
+            self.values.check_rows(rows)
+        if isinstance(generator, (list, tuple)) and len(generator) != rows:
+            raise ValueError(f"`generator` is a list of {len(generator)} generators, one per row, but the "
+                             f"step has {rows} rows; pass one generator per row, or a single generator.")
+
+    def units(self, processors: Any, generator: Generators, n: int, device: torch.device) -> list[Unit]:
+        """The fast path's parts: one per group of rows, or one per row with a generator per row."""
+        plan, memos = self.plan, self._memos
+        if plan is None:  # one generator per row, the same options
+            assert isinstance(generator, (list, tuple))
+            return [(torch.tensor([row], device=device), [row], processors, True, generator[row],
+                     memos.setdefault(row, {})) for row in range(n)]
+        units: list[Unit] = []
+        for group, ((_, rows), index, own) in enumerate(zip(plan.groups, plan.indices, plan.lists)):
+            listed = LogitsProcessorList(own)
+            samples = plan.samples[rows[0]]
+            if isinstance(generator, (list, tuple)):  # each row alone, with its memo (its own history)
+                units += [(index[j:j + 1], [row], listed, samples, generator[row], memos.setdefault(row, {}))
+                          for j, row in enumerate(rows)]
+            else:
+                units.append((index, rows, listed, samples, generator, memos.setdefault(-1 - group, {})))
+        return units
+
+    def samples_on(self, device: torch.device) -> torch.Tensor | None:
+        """`(rows,)` bool, True where a row samples; None when every row does."""
+        if self.plan is None or not self.plan.mixed:
+            return None
+        if self._samples is None or self._samples.device != device:
+            self._samples = torch.tensor(self.plan.samples, device=device)
+        return self._samples
+
+    def sample_rows(self) -> list[int] | None:
+        """The rows that sample, or None when every row does."""
+        if self.plan is None or not self.plan.mixed:
+            return None
+        return [row for row, sample in enumerate(self.plan.samples) if sample]

@@ -20,9 +20,8 @@ from hfbridge._step.inputs import check_not_meta, extract_logits, keeps_ids_inta
 from hfbridge._step.layout import Layout, LayoutLike, from_rows, rows_of
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
 from hfbridge._step.per_row import PerRowValues, split_per_row
-from hfbridge._step.per_row_draw import Generators, Unit, check_generators, choose_rows, fast_rows
-from hfbridge._step.processor_list import CheckedProcessorList
-from hfbridge._step.processor_list import processor_name
+from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
+from hfbridge._step.processor_list import CheckedProcessorList, processor_name
 from hfbridge._step.routes import greedy_choice, ids_outside
 from hfbridge._step.row_errors import invalid_rows_error
 
@@ -115,8 +114,8 @@ class Sampler:
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
         self.fast = bool(fast)
-        self._per_row = per_row
         self._plan = per_row.plan(config) if per_row is not None else None  # may turn do_sample off: all greedy
+        self._rows = RowState(per_row, self._plan)
         self.generation_config = config
         self.do_sample = bool(config.do_sample)
         self._user_processors = processors
@@ -134,7 +133,7 @@ class Sampler:
     def _setup_generator(self, generator: Generators) -> None:
         check_generators(generator)
         self.generator = generator
-        self._generator_fits: tuple[torch.Generator, torch.device] | None = None  # checked last, see `_check_generator`
+        self._generator_fits: tuple[Any, torch.device] | None = None  # checked last, see `_check_generator`
 
     def _build(self, device: torch.device) -> LogitsProcessorList:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
@@ -146,7 +145,6 @@ class Sampler:
         processors = build(self.generation_config)
         if self._plan is not None:  # HF's list per group of rows, merged (`_per_row.RowPlan.build`)
             processors = CheckedProcessorList(self._plan.build(processors, build, device))
-            self._row_memos: list[dict[str, Any]] = [{} for _ in range(max(len(self._plan.groups), self._plan.rows))]
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         return processors
 
@@ -220,23 +218,19 @@ class Sampler:
             self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
         self._check_rows_per_row(rows.shape[0])
-        if self.fast and self.do_sample and (self._plan is not None or isinstance(self.generator, (list, tuple))):
-            lent = rows.dtype == torch.float32
-            result = fast_rows(input_ids, rows, self._fast_units(rows.shape[0], rows.device), read_only=lent)
-            known = result.known_valid
-            self._fast_valid = known if known is not None else result.valid
-            self._last_fast = (result, rows)
-            if check or (check is None and rows.device.type == "cpu"):
-                self.check_rows()
-            return result.tokens
         if self.fast and self.do_sample:
             from hfbridge._step.fast.fast_path import fast_draw
 
             # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
             # division makes the copy), instead of a copy here and a division in place there
             lent = rows.dtype == torch.float32
-            result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self.generator,
-                               memo=self._fast_memo, read_only=lent)
+            result: Any
+            if self._plan is not None or isinstance(self.generator, (list, tuple)):  # per group, or per row
+                units = self._rows.units(processors, self.generator, rows.shape[0], rows.device)
+                result = fast_rows(input_ids, rows, units, read_only=lent)
+            else:
+                result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
+                                   memo=self._fast_memo, read_only=lent)
             known = result.known_valid  # the one-row CPU draw knows it on the host
             self._fast_valid = known if known is not None else result.valid  # no sync
             self._last_fast = (result, rows)
@@ -377,38 +371,12 @@ class Sampler:
             )
         return ids
 
+    @property
+    def _one_generator(self) -> torch.Generator | None:
+        return self.generator if isinstance(self.generator, torch.Generator) else None  # a list is drawn per row
+
     def _check_rows_per_row(self, rows: int) -> None:
-        """One value (and one generator) per row: the step must have that many rows."""
-        if self._per_row is not None:
-            self._per_row.check_rows(rows)
-        if isinstance(self.generator, (list, tuple)) and len(self.generator) != rows:
-            raise ValueError(f"`generator` is a list of {len(self.generator)} generators, one per row, but the "
-                             f"step has {rows} rows; pass one generator per row, or a single generator.")
-
-    def _fast_units(self, n: int, device: torch.device) -> list[Unit]:
-        """The fast path's parts: one per group of rows, or one per row with a generator per row."""
-        plan, generator = self._plan, self.generator
-        if plan is None:  # one generator per row, the same options
-            assert isinstance(generator, (list, tuple))
-            return [(torch.tensor([row], device=device), [row], self._processors, True, generator[row],
-                     self._row_memos_for(n)[row]) for row in range(n)]
-        memos = self._row_memos
-        units: list[Unit] = []
-        for g, ((_, rows), index, processors) in enumerate(zip(plan.groups, plan.indices, plan.lists)):
-            listed = LogitsProcessorList(processors)
-            samples = plan.samples[rows[0]]
-            if isinstance(generator, (list, tuple)):
-                units += [(index[j:j + 1], [row], listed, samples, generator[row], memos[row])
-                          for j, row in enumerate(rows)]
-            else:
-                units.append((index, rows, listed, samples, generator, memos[g]))
-        return units
-
-    def _row_memos_for(self, n: int) -> list[dict[str, Any]]:
-        memos = getattr(self, "_row_memos", None)
-        if memos is None or len(memos) != n:
-            memos = self._row_memos = [{} for _ in range(n)]
-        return memos
+        self._rows.check(rows, self.generator)
 
     def _processors_on(self, device: torch.device) -> LogitsProcessorList:
         if device != self._device:
@@ -459,7 +427,8 @@ class Sampler:
         self._check_generator(scores.device)
         if self._plan is not None or isinstance(self.generator, (list, tuple)):
             self._check_rows_per_row(scores.shape[0])
-            tokens, valid = choose_rows(scores, self._samples_on(scores.device), self.generator, self._sample_rows())
+            tokens, valid = choose_rows(scores, self._rows.samples_on(scores.device), self.generator,
+                                        self._rows.sample_rows())
             if isinstance(valid, torch.Tensor) and not bool(valid.all()):  # the flag `choose_rows` has read
                 self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
             return tokens
@@ -467,25 +436,11 @@ class Sampler:
         try:
             # torch.multinomial reads its input to refuse NaN / inf / all-zero rows (a host read we
             # cannot avoid); checking the rows before it would add a second one.
-            return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+            return torch.multinomial(probs, num_samples=1, generator=self._one_generator).squeeze(1)
         except RuntimeError as error:
             failure = error
         self._check_best(scores.amax(dim=-1), scores, raw)  # names the row
         raise failure
-
-    def _samples_on(self, device: torch.device) -> torch.Tensor | None:
-        """`(rows,)` bool, True where a row samples; None when every row does."""
-        if self._plan is None or not self._plan.mixed:
-            return None
-        samples = getattr(self, "_samples", None)
-        if samples is None or samples.device != device:
-            samples = self._samples = torch.tensor(self._plan.samples, device=device)
-        return samples
-
-    def _sample_rows(self) -> list[int] | None:
-        if self._plan is None or not self._plan.mixed:
-            return None
-        return [row for row, sample in enumerate(self._plan.samples) if sample]
 
     def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
         """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""
