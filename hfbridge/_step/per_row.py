@@ -98,10 +98,8 @@ def split_per_row(options: Mapping[str, Any]) -> tuple[dict[str, Any], PerRowVal
         raise ValueError(f"per-row options must all have one value per row, the same number of rows; got {lengths}.")
     for name, row_values in values.items():
         representative = _representative(name, row_values)
-        if representative is None:
-            del scalars[name]  # every row off (or greedy): HF's default, as a row alone would get
-        else:
-            scalars[name] = representative
+        # every row off (or greedy): the value that builds nothing, still an option passed (sampling is on)
+        scalars[name] = PER_ROW_OPTIONS[name][2] if representative is None else representative
     return scalars, PerRowValues(rows.pop(), values)
 
 
