@@ -115,6 +115,8 @@ class Sampler:
         self.prompt_length = prompt_length
         self.fast = bool(fast)
         self._plan = per_row.plan(config) if per_row is not None else None  # may turn do_sample off: all greedy
+        if self._plan is not None and len(self._plan.groups) == 1:
+            self._plan = None  # every row has the same values: the scalar step, exactly (rows still checked)
         self._rows = RowState(per_row, self._plan)
         self.generation_config = config
         self.do_sample = bool(config.do_sample)
@@ -425,7 +427,7 @@ class Sampler:
             self._check_best(best, scores, raw)
             return tokens
         self._check_generator(scores.device)
-        if self._plan is not None or isinstance(self.generator, (list, tuple)):
+        if (self._plan is not None and self._plan.mixed) or isinstance(self.generator, (list, tuple)):
             self._check_rows_per_row(scores.shape[0])
             tokens, valid = choose_rows(scores, self._rows.samples_on(scores.device), self.generator,
                                         self._rows.sample_rows())
