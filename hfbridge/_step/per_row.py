@@ -23,7 +23,7 @@ The loop over groups runs once per distinct value, never once per row of equal v
 >>> import torch
 >>> scalars, values = split_per_row({"top_k": [1, 2], "temperature": 0.5})
 >>> scalars, values.rows, values.values
-({'temperature': 0.5, 'top_k': 1}, 2, {'top_k': (1, 2)})
+({'top_k': 1, 'temperature': 0.5}, 2, {'top_k': (1, 2)})
 >>> split_per_row({"top_p": [0.9, float("nan")]})
 Traceback (most recent call last):
 ...
