@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from _tiny_models import tiny_gpt2
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import hfbridge
 from hfbridge import explain_generation, generate, logprobs
+
+from _tiny_models import tiny_gpt2
 
 
 class _Tokenizer:

@@ -2,12 +2,13 @@
 
 import pytest
 import torch
-from _tiny_models import tiny_gpt2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LogitsProcessorList
 
 from hfbridge import Sampler, build_processors, generate, sample_step
+
+from _tiny_models import tiny_gpt2
 
 V = 64
 
