@@ -3,10 +3,15 @@
     python benchmarks/per_row.py               # exact and fast, 9 repeats
     python benchmarks/per_row.py --repeats 15
 
-Three `Sampler`s per mode, built once: `scalar` (temperature=0.8, top_p=0.9), `same` (the same values
+Three `Sampler`s per mode, built once: `scalar` (temperature=0.8, top_p=0.9, top_k=0: HF's default
+top_k=50 off, as in step.py's "temp+top-p"), `same` (the same values
 given per row, 32 equal ones: one group) and `distinct` (32 different values per row around
-them: 32 groups, HF's processors once per group, the temperature one division for the batch).
-Target: `same` and `distinct` at most 15% over `scalar` in both modes.
+them: 32 groups, HF's processors once per group, the temperature one division for the batch) and
+`temps` (32 distinct temperatures, top_p=0.9 in every row: one division, then one top-p for the batch),
+`close` (32 distinct temperatures within 0.0003 of 0.8: the per-row machinery alone, the same
+distributions), and `hottest` (scalars at the flattest row's values: a fast batch costs what its
+flattest row costs, so spread-out values cost that much even without any per-row machinery).
+Target: per-row values at most 15% over `scalar` in both modes.
 
 Method: one thread, each call timed with `time.thread_time()`; within a repeat the three samplers
 run round-robin on the same logits; each number is the median of the repeats. Host reads per
@@ -46,9 +51,12 @@ def samplers(fast: bool) -> dict[str, Sampler]:
     distinct_t = [0.8 + 0.005 * (i - B // 2) for i in range(B)]
     distinct_p = [0.9 + 0.002 * (i - B // 2) for i in range(B)]
     return {
-        "scalar": Sampler(temperature=0.8, top_p=0.9, fast=fast),
-        "same": Sampler(temperature=[0.8] * B, top_p=[0.9] * B, fast=fast),
-        "distinct": Sampler(temperature=distinct_t, top_p=distinct_p, fast=fast),
+        "scalar": Sampler(temperature=0.8, top_p=0.9, top_k=0, fast=fast),
+        "same": Sampler(temperature=[0.8] * B, top_p=[0.9] * B, top_k=0, fast=fast),
+        "distinct": Sampler(temperature=distinct_t, top_p=distinct_p, top_k=0, fast=fast),
+        "temps": Sampler(temperature=distinct_t, top_p=0.9, top_k=0, fast=fast),
+        "close": Sampler(temperature=[0.8 + 1e-5 * i for i in range(B)], top_p=0.9, top_k=0, fast=fast),
+        "hottest": Sampler(temperature=max(distinct_t), top_p=max(distinct_p), top_k=0, fast=fast),
     }
 
 
@@ -76,7 +84,7 @@ def run(repeats: int) -> None:
         mode = "fast" if fast else "exact"
         for name, values in times.items():
             median = statistics.median(values)
-            verdict = "" if name == "scalar" else ("PASS" if median <= 1.15 * base else "MISS")
+            verdict = "" if name in ("scalar", "hottest") else ("PASS" if median <= 1.15 * base else "MISS")
             print(f"{mode:5} {name:8} {1000 * median:8.2f} ms  x{median / base:5.3f}  host reads {reads[name]:3d}  "
                   f"{verdict}")
 

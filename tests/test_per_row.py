@@ -183,3 +183,26 @@ def test_generate_per_row_scores_equal_hf_per_row():
         for row in range(3):
             alone = {"temperature": temps[row], "top_p": tops[row]}
             assert torch.equal(scores[row:row + 1], _alone(alone, ids[row:row + 1], logits[row:row + 1]))
+
+
+@pytest.mark.parametrize("options", [
+    {"temperature": [0.5, 0.7, 1.0, 0.7, 2.0, 0.9], "top_p": 0.9, "top_k": 0},
+    {"temperature": [0.5, 0.7, 1.0, 0.7, 0.0, 0.9], "top_p": [0.9, 0.5, 0.8, 0.9, 0.9, 1.0], "top_k": [0, 5, 0, 0, 3, 20]},
+    {"temperature": 0.8, "min_p": [0.05, 0.1, 0.2, 0.05, 0.3, 0.0], "top_k": 0},
+])
+def test_fast_keeps_exact_modes_surviving_set_per_row(options):
+    """fast=True with per-row values: each row's final scores are exact mode's, bit for bit."""
+    x = _logits(6, seed=9)
+    ids = torch.zeros(6, 0, dtype=torch.long)
+    exact = Sampler(**options).process(ids, x.clone())
+    fast = Sampler(**options, fast=True)
+    tokens = fast.next_tokens(ids, x, check=False)
+    result, _ = fast._last_fast
+    scores = result.final_scores()
+    samples = [t != 0 for t in (options["temperature"] if isinstance(options["temperature"], list) else [1] * 6)]
+    for row in range(6):
+        if samples[row]:
+            assert torch.equal(scores[row], exact[row]), row
+            assert exact[row, tokens[row]] > float("-inf")
+        else:
+            assert tokens[row] == exact[row].argmax()

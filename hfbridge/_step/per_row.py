@@ -181,7 +181,7 @@ class PerRowValues:
             configs.append((group, rows))
         if config.do_sample and not any(sample for _, sample in groups):
             config.do_sample = False  # every row greedy
-        return RowPlan(self.rows, configs, [sample for _, sample in keys], names)
+        return RowPlan(self.rows, configs, [sample for _, sample in keys], names, [key for key, _ in groups])
 
 
 def _check_group(config: GenerationConfig, rows: list[int]) -> None:
@@ -201,7 +201,9 @@ class RowPlan:
     groups: list[tuple[GenerationConfig, list[int]]]
     samples: list[bool]
     names: list[str]
+    group_keys: list[tuple] = field(default_factory=list)  # each group's values, in the order of `names`
     lists: list[list] = field(default_factory=list)  # each group's full processor list, after `build`
+    positions: list[tuple[str, Any]] = field(default_factory=list)  # the template's places, after `build`
     indices: list[torch.Tensor] = field(default_factory=list)  # each group's rows, on the device
 
     @property
@@ -221,10 +223,12 @@ class RowPlan:
             varying.update(_WARPERS)
         merged: list = []
         self.lists = [[] for _ in self.groups]
+        self.positions = []
         for processor in template:
             kind = type(processor).__name__
             if kind not in varying:
                 merged.append(processor)
+                self.positions.append(("shared", processor))
                 for group_list in self.lists:
                     group_list.append(processor)
                 continue
@@ -232,13 +236,44 @@ class RowPlan:
             for group_list, part in zip(self.lists, parts):
                 if part is not None:
                     group_list.append(part)
-            if len(parts) == 1:
-                merged.append(parts[0])
-            elif kind == "TemperatureLogitsWarper":
-                merged.append(PerRowTemperature(self._temperatures(parts, device)))
+            if kind == "TemperatureLogitsWarper" and device.type in _TEMPERATURE_DEVICES:
+                divisors = self._temperatures(parts, device)  # [N, 1]
+                merged.append(PerRowTemperature(divisors))
+                self.positions.append(("temperature", divisors))
             else:
                 merged.append(PerRowProcessor(kind, list(zip(parts, self.indices)), self.rows))
+                self.positions.append(("parts", parts))
         return merged
+
+    def fast_groups(self, device: torch.device) -> list[tuple[list[int], torch.Tensor, list, bool]]:
+        """`(rows, (n,) index, processors, samples)` per fast draw: on CPU, rows whose values differ only in
+        temperature share one, with a `(n, 1)` temperature the fast path divides by (the same bits as
+        HF's division, see `PerRowTemperature`); elsewhere one per group, with its own HF list.
+        """
+        if device.type != "cpu" or not any(kind == "temperature" for kind, _ in self.positions):
+            return [(rows, index, own, self.samples[rows[0]])
+                    for (_, rows), index, own in zip(self.groups, self.indices, self.lists)]
+        skip = self.names.index("temperature") if "temperature" in self.names else None
+        merged: dict[tuple, list[int]] = {}  # key without the temperature -> the groups it joins
+        for number, (_, rows) in enumerate(self.groups):
+            values = self.group_keys[number]
+            key = (tuple(v for i, v in enumerate(values) if i != skip), self.samples[rows[0]])
+            merged.setdefault(key, []).append(number)
+        result = []
+        for joined in merged.values():
+            rows = sorted(row for number in joined for row in self.groups[number][1])
+            index = torch.tensor(rows, dtype=torch.long, device=device)
+            first, samples = joined[0], self.samples[rows[0]]
+            processors = []
+            for kind, held in self.positions:
+                if kind == "shared":
+                    processors.append(held)
+                elif kind == "parts" and held[first] is not None:
+                    processors.append(held[first])
+                elif kind == "temperature" and samples:
+                    processors.append(tensor_temperature(held.index_select(0, index)))
+            result.append((rows, index, processors, samples))
+        return result
 
     def _temperatures(self, parts: list, device: torch.device) -> torch.Tensor:
         divisors = torch.ones(self.rows, 1, dtype=torch.float32)  # 1.0: a row without a temperature
@@ -246,6 +281,25 @@ class RowPlan:
             if part is not None:
                 divisors[rows] = float(part.temperature)
         return divisors.to(device)
+
+
+# Devices where `PerRowTemperature` gives HF's bits: CPU divides by the float32 value, CUDA multiplies
+# by its float32 reciprocal (torch's division by a CPU scalar there); elsewhere HF's class runs per group.
+_TEMPERATURE_DEVICES = ("cpu", "cuda")
+
+
+def tensor_temperature(divisors: torch.Tensor) -> Any:
+    """HF's `TemperatureLogitsWarper` holding `(rows, 1)` float32 divisors instead of a float: the fast
+    path reads `.temperature` and divides by it (CPU only: there the division gives HF's bits).
+
+    >>> tensor_temperature(torch.tensor([[2.0]]))(None, torch.ones(1, 2)).tolist()
+    [[0.5, 0.5]]
+    """
+    from transformers import TemperatureLogitsWarper
+
+    warper = TemperatureLogitsWarper.__new__(TemperatureLogitsWarper)  # HF's checks are for a float
+    warper.temperature = divisors  # type: ignore[assignment]
+    return warper
 
 
 class PerRowTemperature:
@@ -261,8 +315,13 @@ class PerRowTemperature:
 
     def __init__(self, divisors: torch.Tensor) -> None:
         self.divisors = divisors  # [N, 1]
+        self._reciprocals: torch.Tensor | None = None
 
     def __call__(self, input_ids: Any, scores: torch.Tensor) -> torch.Tensor:
+        if scores.device.type == "cuda":  # torch on CUDA divides by a CPU scalar as a * (1 / b), in float32
+            if self._reciprocals is None:
+                self._reciprocals = 1.0 / self.divisors  # [N, 1], float32, correctly rounded
+            return scores * self._reciprocals
         return scores / self.divisors  # [N, V]
 
     def __repr__(self) -> str:

@@ -168,6 +168,7 @@ class RowState:
         self.values, self.plan = values, plan
         self._memos: dict[int, dict[str, Any]] = {}
         self._samples: torch.Tensor | None = None
+        self._fast: tuple[torch.device, list] | None = None  # the plan's fast groups, for one device
 
     def check(self, rows: int, generator: Generators) -> None:
         """One value (and one generator) per row: `ValueError` unless the step has that many rows."""
@@ -185,14 +186,16 @@ class RowState:
             return [(torch.tensor([row], device=device), [row], processors, True, generator[row],
                      memos.setdefault(row, {})) for row in range(n)]
         units: list[Unit] = []
-        for group, ((_, rows), index, own) in enumerate(zip(plan.groups, plan.indices, plan.lists)):
-            listed = LogitsProcessorList(own)
-            samples = plan.samples[rows[0]]
-            if isinstance(generator, (list, tuple)):  # each row alone, with its memo (its own history)
-                units += [(index[j:j + 1], [row], listed, samples, generator[row], memos.setdefault(row, {}))
+        if isinstance(generator, (list, tuple)):  # each row alone, with its memo (its own history)
+            for (_, rows), index, own in zip(plan.groups, plan.indices, plan.lists):
+                listed = LogitsProcessorList(own)
+                units += [(index[j:j + 1], [row], listed, plan.samples[row], generator[row], memos.setdefault(row, {}))
                           for j, row in enumerate(rows)]
-            else:
-                units.append((index, rows, listed, samples, generator, memos.setdefault(-1 - group, {})))
+            return units
+        if self._fast is None or self._fast[0] != device:
+            self._fast = (device, plan.fast_groups(device))
+        for group, (rows, index, own, samples) in enumerate(self._fast[1]):
+            units.append((index, rows, LogitsProcessorList(own), samples, generator, memos.setdefault(-1 - group, {})))
         return units
 
     def samples_on(self, device: torch.device) -> torch.Tensor | None:
