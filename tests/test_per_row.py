@@ -206,3 +206,38 @@ def test_fast_keeps_exact_modes_surviving_set_per_row(options):
             assert exact[row, tokens[row]] > float("-inf")
         else:
             assert tokens[row] == exact[row].argmax()
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_per_row_values_add_no_host_read(fast):
+    """On the accelerator route, per-row values read the device no more than scalars (mixed greedy rows
+    in exact mode: one read for their validity besides torch.multinomial's own)."""
+    from _host_reads import HostReads
+
+    from hfbridge._step.routes import accelerator_route
+
+    x, ids = _logits(6), torch.zeros(6, 3, dtype=torch.long)
+    counts = {}
+    for name, options in {"scalar": {"temperature": 0.8, "top_p": 0.9},
+                          "same": {"temperature": [0.8] * 6, "top_p": [0.9] * 6},
+                          "distinct": {"temperature": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+                                       "top_p": [0.9, 0.8, 0.7, 0.95, 0.9, 0.5]}}.items():
+        sampler = Sampler(**options, fast=fast)
+        with accelerator_route():
+            sampler.next_tokens(ids, x, check=False)
+            with HostReads() as reads:
+                sampler.next_tokens(ids, x, check=False)
+        counts[name] = reads.count
+    assert counts["same"] == counts["distinct"] == counts["scalar"] == (0 if fast else 1)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_row_with_nothing_to_choose_is_named_with_greedy_rows_beside(fast):
+    x = _logits(3)
+    x[2] = float("nan")
+    with pytest.raises(ValueError, match="row 2"):
+        sample_step(x, temperature=[0.0, 0.7, 0.9], fast=fast)
+    y = _logits(3)
+    y[0] = float("-inf")  # a greedy row without a finite score
+    with pytest.raises(ValueError, match="row 0"):
+        sample_step(y, temperature=[0.0, 0.7, 0.9], fast=fast)

@@ -52,8 +52,8 @@ def check_generators(generator: Any) -> None:
 
 
 def choose_rows(scores: torch.Tensor, samples: torch.Tensor | None, generator: Generators,
-                sample_rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(tokens, valid)`: HF's multinomial draw for sampled rows, HF's argmax for the others.
+                sample_rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(tokens, invalid)`: HF's multinomial draw for sampled rows, HF's argmax for the others.
 
     Args:
         scores: `(rows, vocab)` processed float32 scores.
@@ -62,18 +62,20 @@ def choose_rows(scores: torch.Tensor, samples: torch.Tensor | None, generator: G
         sample_rows: The rows that sample, as ints (known when the options were set).
 
     Returns:
-        `(rows,)` int64 tokens, and `(rows,)` bool: False for a row with nothing to choose (its best
-        score -inf or NaN; +inf too for a sampled row). Rows are drawn only when every row is valid.
+        `(rows,)` int64 tokens, and None, or when a row has nothing to choose (its best score -inf
+        or NaN; +inf too for a sampled row) a `(rows,)` bool tensor, True for such rows, and
+        nothing drawn. One host read for the check (with a generator per row, `torch.multinomial`
+        reads once per row besides).
     """
     n = scores.shape[0]
     tokens, best = greedy_choice(scores)  # [N], [N]
     finite = best.abs() < float("inf")
     valid = finite if samples is None else torch.where(samples, finite, best > float("-inf"))
     if not bool(valid.all()):  # the one host read: HF's multinomial would read the rows anyway
-        return tokens, valid
+        return tokens, ~valid
     rows = list(range(n)) if sample_rows is None else list(sample_rows)
     if not rows:
-        return tokens, valid
+        return tokens, None
     index = torch.tensor(rows, dtype=torch.long, device=scores.device)
     picked = scores if len(rows) == n else scores.index_select(0, index)  # [S, V]
     probs = torch.nn.functional.softmax(picked, dim=-1)
@@ -83,8 +85,8 @@ def choose_rows(scores: torch.Tensor, samples: torch.Tensor | None, generator: G
     else:
         drawn = torch.multinomial(probs, num_samples=1, generator=cast(torch.Generator | None, generator)).squeeze(1)
     if len(rows) == n:
-        return drawn, valid
-    return tokens.index_copy(0, index, drawn), valid
+        return drawn, None
+    return tokens.index_copy(0, index, drawn), None
 
 
 class GroupedDraw:

@@ -429,10 +429,10 @@ class Sampler:
         self._check_generator(scores.device)
         if (self._plan is not None and self._plan.mixed) or isinstance(self.generator, (list, tuple)):
             self._check_rows_per_row(scores.shape[0])
-            tokens, valid = choose_rows(scores, self._rows.samples_on(scores.device), self.generator,
-                                        self._rows.sample_rows())
-            if isinstance(valid, torch.Tensor) and not bool(valid.all()):  # the flag `choose_rows` has read
-                self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
+            tokens, invalid = choose_rows(scores, self._rows.samples_on(scores.device), self.generator,
+                                          self._rows.sample_rows())
+            if invalid is not None:  # read by `choose_rows`, which drew nothing then
+                self._raise_bad_rows(invalid, scores if raw is None else raw, scores)
             return tokens
         probs = torch.nn.functional.softmax(scores, dim=-1)
         try:
