@@ -13,12 +13,15 @@ values and applied to that row alone. How:
 3. Where a group's list differs from the template (the per-row options' classes, and the sampling
    warpers a greedy row lacks), the template's processor is replaced by a `PerRowProcessor`,
    which runs each group's own HF instance on that group's rows (or leaves them as they are when
-   the group has no such processor). A temperature is the same float32 division for every row, so
-   it runs once for the whole batch with a `(rows, 1)` divisor (`PerRowTemperature`; the division
-   by a float32 tensor equals the division by the Python scalar bit for bit). Everything else
-   (your own processors, penalties given as scalars) runs once on the whole batch, as it is.
+   the group has no such processor). A temperature is the same float32 arithmetic for every row,
+   so it runs once for the whole batch with `(rows, 1)` divisors (`PerRowTemperature`: on CPU the
+   division by a float32 tensor equals HF's division by the Python scalar bit for bit; on CUDA
+   torch divides by a scalar as a multiplication by its float32 reciprocal, and so does this).
+   Everything else (your own processors, options given as scalars) runs once on the whole batch.
+4. `fast=True` draws once per group, with the group's own HF list (`RowPlan.fast_groups`); on CPU
+   groups that differ only in temperature share one draw, the temperature a `(n, 1)` tensor.
 
-The loop over groups runs once per distinct value, never once per row of equal values.
+The loop over groups runs once per distinct combination of values, never once per row of equal values.
 
 >>> import torch
 >>> scalars, values = split_per_row({"top_k": [1, 2], "temperature": 0.5})
