@@ -240,8 +240,8 @@ class RowPlan:
                 if part is not None:
                     group_list.append(part)
             if kind == "TemperatureLogitsWarper" and device.type in _TEMPERATURE_DEVICES:
-                divisors = self._temperatures(parts, device)  # [N, 1]
-                merged.append(PerRowTemperature(divisors))
+                divisors = self._temperatures(parts)  # [N, 1], on CPU (the fast groups use it on CPU only)
+                merged.append(PerRowTemperature(divisors, device))
                 self.positions.append(("temperature", divisors))
             else:
                 merged.append(PerRowProcessor(kind, list(zip(parts, self.indices)), self.rows))
@@ -278,12 +278,12 @@ class RowPlan:
             result.append((rows, index, processors, samples))
         return result
 
-    def _temperatures(self, parts: list, device: torch.device) -> torch.Tensor:
-        divisors = torch.ones(self.rows, 1, dtype=torch.float32)  # 1.0: a row without a temperature
+    def _temperatures(self, parts: list) -> torch.Tensor:
+        divisors = torch.ones(self.rows, 1, dtype=torch.float32)  # [N, 1] on CPU; 1.0: a row without a temperature
         for part, (_, rows) in zip(parts, self.groups):
             if part is not None:
                 divisors[rows] = float(part.temperature)
-        return divisors.to(device)
+        return divisors
 
 
 # Devices where `PerRowTemperature` gives HF's bits: CPU divides by the float32 value, CUDA multiplies
@@ -316,15 +316,15 @@ class PerRowTemperature:
     [[0.5, 0.5], [1.0, 1.0]]
     """
 
-    def __init__(self, divisors: torch.Tensor) -> None:
-        self.divisors = divisors  # [N, 1]
-        self._reciprocals: torch.Tensor | None = None
+    def __init__(self, divisors: torch.Tensor, device: torch.device | str = "cpu") -> None:
+        divisors = divisors.to(dtype=torch.float32, device="cpu")  # [N, 1]
+        self.divisors = divisors.to(device)
+        # torch on CUDA divides by a CPU scalar as a * (1 / b), the reciprocal taken on the host in float32
+        self.reciprocals = (1.0 / divisors).to(device)  # [N, 1]
 
     def __call__(self, input_ids: Any, scores: torch.Tensor) -> torch.Tensor:
-        if scores.device.type == "cuda":  # torch on CUDA divides by a CPU scalar as a * (1 / b), in float32
-            if self._reciprocals is None:
-                self._reciprocals = 1.0 / self.divisors  # [N, 1], float32, correctly rounded
-            return scores * self._reciprocals
+        if scores.device.type == "cuda":
+            return scores * self.reciprocals  # [N, V]
         return scores / self.divisors  # [N, V]
 
     def __repr__(self) -> str:
