@@ -13,7 +13,7 @@ One call of `generate`, in the order of HF's `generate`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, cast, overload
 
 import torch
@@ -47,7 +47,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -71,7 +71,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -95,7 +95,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -118,7 +118,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -155,7 +155,9 @@ def generate(
         layout: The logits' layout when not `"b t v"`, e.g. `"t b v"`, `"b v"` (see `Sampler`).
         vocab_size: The real vocabulary size when the model's output is padded (extra columns can
             never be chosen).
-        generator: A `torch.Generator` for sampling; default: the global RNG, as HF.
+        generator: A `torch.Generator` for sampling, or a list with one per returned sequence
+            (prompts x `num_return_sequences`): row i drawn from generator i only, so it does not
+            depend on the rest of the batch. Default: the global RNG, as HF.
         progress: Show a `tqdm.auto` progress bar over the new tokens. Default: False.
         fast: Sample with hfbridge's fused path (HF's distribution, not HF's random stream).
         max_context: For a plain callable: feed at most the last `max_context` tokens
@@ -185,9 +187,11 @@ def generate(
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
-            `output_logits`, ...). Any other name is a model input: it goes into the adapter's
-            state and to the model at every call (tensors with a leading batch axis are repeated
-            for `num_return_sequences`), and must be a parameter the model accepts.
+            `output_logits`, ...); the numeric sampling options and penalties also take one value
+            per prompt (a list, tuple or 1-D tensor; a temperature of 0 is greedy). Any other name
+            is a model input: it goes into the adapter's state and to the model at every call
+            (tensors with a leading batch axis are repeated for `num_return_sequences`), and must
+            be a parameter the model accepts.
 
     Returns:
         The sequences `(batch * num_return_sequences, prompt + new)`, prompt included, on the

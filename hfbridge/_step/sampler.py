@@ -9,7 +9,7 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import torch
@@ -41,7 +41,9 @@ class Sampler:
             option (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
             `eta_cutoff`, `top_h`) is passed, else follow `generation_config.do_sample`, else greedy.
         generator: A `torch.Generator` on the logits' device for reproducible draws that leave
-            the global RNG alone. Default: the global RNG, drawing exactly as HF does.
+            the global RNG alone, or a list with one per row: row i is then drawn from generator
+            i only, as it would be alone (`docs/per_row.md`). Default: the global RNG, drawing
+            exactly as HF does.
         prompt_length: Prompt tokens before generation; needed by `min_new_tokens`,
             `max_new_tokens`, `exponential_decay_length_penalty`, `begin_suppress_tokens`.
         attention_mask: `(batch, seq)` mask of a left-padded prompt (repetition penalty then
@@ -50,7 +52,10 @@ class Sampler:
         prefix_allowed_tokens_fn: HF's constraint hook, `(batch_id, input_ids) -> list[int]`: the
             token ids allowed after the row's tokens `input_ids` `(seq,)` (`batch_id` is the row);
             built into HF's `PrefixConstrainedLogitsProcessor` where HF puts it.
-        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor.
+        **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor. The
+            numeric ones (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
+            `eta_cutoff`, `top_h`, `repetition_penalty`, `no_repeat_ngram_size`) take a number or
+            one value per row (a list, tuple or 1-D tensor); a temperature of 0 makes its row greedy.
 
     >>> import torch
     >>> sampler = Sampler(temperature=0.7, top_k=2)
@@ -68,7 +73,7 @@ class Sampler:
         layout: LayoutLike = None,
         vocab_size: int | None = None,
         do_sample: bool | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
         prompt_length: int | None = None,
         attention_mask: torch.Tensor | None = None,
         fast: bool = False,
@@ -95,7 +100,7 @@ class Sampler:
         return sampler
 
     def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
-               layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
+               layout: LayoutLike = None, vocab_size: int | None = None, generator: Generators = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
                fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
                per_row: PerRowValues | None = None) -> None:
