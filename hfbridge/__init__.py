@@ -7,6 +7,7 @@
 """
 
 from hfbridge._generate.generate import generate
+from hfbridge._generate.logprobs import logprobs
 from hfbridge._generate.transition_scores import compute_transition_scores
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, ReturnsCache
 from hfbridge._models.cache import crop_cache, reorder_cache
@@ -42,6 +43,7 @@ __all__ = [
     "explain_step",
     "from_rows",
     "generate",
+    "logprobs",
     "reorder_cache",
     "sample_step",
     "to_rows",

@@ -27,6 +27,7 @@ from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_flag, check_options, check_tokenizer, did_you_mean
+from hfbridge._step.per_row_draw import check_generators
 
 __all__ = ["check_config", "check_input_ids", "checked_arguments", "has_default_max_length", "split_kwargs"]
 
@@ -165,13 +166,14 @@ def checked_arguments(adapter: ModelAdapter, input_ids: Any, *, attention_mask: 
                 "model (e.g. with Hooks' update_state) instead."
             )
     _check_streamer(streamer)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
-    if generator is not None and torch.device(generator.device).type != device.type:
-        raise ValueError(
-            f"`generator` is on {generator.device} but `input_ids` are on {device}; "
-            f"create it with torch.Generator(device={str(device)!r})."
-        )
+    check_generators(generator)  # one, or a list with one per row
+    for index, one in enumerate(generator if isinstance(generator, (list, tuple)) else [generator]):
+        if one is not None and torch.device(one.device).type != device.type:
+            name = "generator" if isinstance(generator, torch.Generator) else f"generator[{index}]"
+            raise ValueError(
+                f"`{name}` is on {one.device} but `input_ids` are on {device}; "
+                f"create it with torch.Generator(device={str(device)!r})."
+            )
     if layout is not None and not isinstance(layout, Layout):
         layout = Layout(layout)
     return attention_mask, options, model_inputs, layout

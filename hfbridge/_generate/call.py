@@ -36,6 +36,7 @@ from hfbridge._hf.host import ProcessorHost, generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
+from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.sampler import Sampler
 
 
@@ -64,6 +65,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     tokenizer, fast, assistant_model = options.tokenizer, options.fast, options.assistant_model
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
     kwargs, guidance = split_guidance(options.kwargs)
+    kwargs, per_row = split_per_row(kwargs)  # one value per prompt (`_step/per_row.py`)
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
         streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=kwargs)
@@ -95,6 +97,9 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
 
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
     expand = config.num_beams if is_beam(config) else (config.num_return_sequences or 1)
+    per_row = check_rows_of_call(per_row, generator, batch=batch, expand=expand,
+                                 strategy="beam search" if is_beam(config) else "assisted decoding"
+                                 if is_assisted(config, assistant_model) else None)
     sequences = input_ids.to(dtype=torch.long, copy=True)  # [B, T], our own copy
     mask = attention_mask.to(dtype=torch.long, copy=True)  # [B, T]
     if expand > 1:
@@ -123,7 +128,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
                                     vocab_size=options.vocab_size, generator=generator, prompt_length=prompt_length,
                                     attention_mask=padding, fast=fast,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
-                                    unconditional=unconditional, tokenizer=tokenizer)
+                                    unconditional=unconditional, tokenizer=tokenizer,
+                                    per_row=per_row)
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
         state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model))
@@ -173,3 +179,23 @@ def progress_bar(progress: bool, total: int) -> Any:
             "(or, in a clone of hfbridge, `pip install -e \".[progress]\"`)."
         ) from None
     return tqdm(total=total, desc="generate", unit="tok")
+
+
+def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: int, expand: int,
+                       strategy: str | None) -> PerRowValues | None:
+    """Per-row options (one per prompt) expanded to the call's rows; a generator list has one per row."""
+    rows = batch * expand
+    if strategy is not None and (per_row is not None or isinstance(generator, (list, tuple))):
+        what = f"`{next(iter(per_row.values))}` per row" if per_row is not None else "a list of generators"
+        raise ValueError(f"generate(): {what} works with greedy decoding and sampling, not with {strategy}; "
+                         "pass a single value (and a single generator).")
+    if isinstance(generator, (list, tuple)) and len(generator) != rows:
+        raise ValueError(
+            f"`generator` is a list of {len(generator)} generators, but generate() makes {rows} rows ({batch} "
+            f"prompts x {expand} sequences each); pass one generator per returned sequence, row i of the output "
+            "drawn from generator i."
+        )
+    if per_row is None:
+        return None
+    per_row.check_rows(batch, what="`input_ids` has")
+    return per_row.expanded(expand) if expand > 1 else per_row

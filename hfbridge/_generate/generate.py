@@ -17,7 +17,7 @@ The keyword arguments travel down as one `GenerateOptions` (`options.py`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, overload
 
 import torch
@@ -51,7 +51,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -77,7 +77,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -103,7 +103,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -128,7 +128,7 @@ def generate(
     tokenizer: Any = None,
     layout: LayoutLike = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     progress: bool = False,
     fast: bool = False,
     max_context: int | None = None,
@@ -166,7 +166,9 @@ def generate(
         layout: The logits' layout when not `"b t v"`, e.g. `"t b v"`, `"b v"` (see `Sampler`).
         vocab_size: The real vocabulary size when the model's output is padded (extra columns can
             never be chosen).
-        generator: A `torch.Generator` for sampling; default: the global RNG, as HF.
+        generator: A `torch.Generator` for sampling, or a list with one per returned sequence
+            (prompts x `num_return_sequences`): row i drawn from generator i only, so it does not
+            depend on the rest of the batch. Default: the global RNG, as HF.
         progress: Show a `tqdm.auto` progress bar over the new tokens. Default: False.
         fast: Sample with hfbridge's fused path (HF's distribution, not HF's random stream).
         max_context: For a plain callable: feed at most the last `max_context` tokens
@@ -196,9 +198,11 @@ def generate(
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
-            `output_logits`, ...), and the options of `hfbridge.processors`' samplers (`dry_multiplier`,
-            `xtc_probability`, `top_n_sigma`, `presence_penalty`, `dynatemp_range`, `mirostat`, ...: see
-            docs/samplers.md). Any other name is a model input: it goes into the adapter's
+            `output_logits`, ...); the numeric sampling options and penalties also take one value
+            per prompt (a list, tuple or 1-D tensor; a temperature of 0 is greedy). The options of
+            `hfbridge.processors`' samplers (`dry_multiplier`, `xtc_probability`, `top_n_sigma`,
+            `presence_penalty`, `dynatemp_range`, `mirostat`, ...: see docs/samplers.md).
+            Any other name is a model input: it goes into the adapter's
             state and to the model at every call (tensors with a leading batch axis are repeated
             for `num_return_sequences`), and must be a parameter the model accepts.
             Classifier-free guidance (`guidance_scale=` != 1) also takes HF's `negative_prompt_ids=` /

@@ -19,14 +19,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["read_output", "score_rows", "stacked_rows"]
+__all__ = ["padding_flags", "read_output", "score_rows", "stacked_rows", "token_ids"]
 
 
-def read_output(output: Any) -> tuple[torch.Tensor, tuple, tuple | None, torch.Tensor | None]:
-    """``sequences``, ``scores``, ``logits`` and ``beam_indices`` of a generate output, checked."""
+def read_output(output: Any, *, caller: str = "explain_generation", need: str = "scores"
+                ) -> tuple[torch.Tensor, tuple, tuple | None, torch.Tensor | None]:
+    """``sequences``, ``scores``, ``logits`` and ``beam_indices`` of a generate output, checked.
+
+    `need="logits"`: the raw logits are required (``output_logits=True``) and the scores may be absent
+    (then the logits stand in for them in the result).
+    """
     if isinstance(output, torch.Tensor):
         raise TypeError(
-            "explain_generation needs the output of generate(..., return_dict_in_generate=True, output_scores=True); "
+            f"{caller} needs the output of generate(..., return_dict_in_generate=True, output_scores=True); "
             f"got a tensor of shape {tuple(output.shape)} (the sequences alone, without the scores)."
         )
 
@@ -38,13 +43,21 @@ def read_output(output: Any) -> tuple[torch.Tensor, tuple, tuple | None, torch.T
     sequences = read("sequences")
     if not isinstance(sequences, torch.Tensor):
         raise TypeError(
-            "explain_generation needs the output of generate(..., return_dict_in_generate=True, output_scores=True), "
+            f"{caller} needs the output of generate(..., return_dict_in_generate=True, output_scores=True), "
             f"got {type(output).__name__} without a `sequences` tensor."
         )
     if sequences.ndim != 2 or sequences.is_floating_point():
         raise ValueError(f"output.sequences: expected (batch, seq) token ids, got shape {tuple(sequences.shape)} "
                          f"of {sequences.dtype}.")
     scores = read("scores")
+    if need == "logits":
+        if read("logits") is None:
+            raise ValueError(
+                "output.logits is None: pass output_logits=True to generate (with return_dict_in_generate=True) so the "
+                "model's raw logits of every step are kept."
+            )
+        if scores is None:
+            scores = read("logits")
     if scores is None:
         raise ValueError(
             "output.scores is None: pass output_scores=True to generate (with return_dict_in_generate=True) so the "
@@ -107,3 +120,39 @@ def stacked_rows(per_step: tuple, sources: list[int], name: str) -> torch.Tensor
         step = int(bad.nonzero()[0, 0])
         raise ValueError(f"output.{name} at step {step} holds NaN or +inf; no distribution can be read from it.")
     return rows
+
+
+def token_ids(name: str, value: Any, tokenizer: Any) -> set[int]:
+    """``eos_token_id`` / ``pad_token_id`` as a set of ids, from the argument or else the tokenizer."""
+    given = value
+    if value is None:
+        value = getattr(tokenizer, name, None)
+    if value is None:
+        return set()
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    values = value if isinstance(value, (list, tuple, set)) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"{name}: expected an int or a list of ints, got {given!r}")
+    return set(values)
+
+
+def padding_flags(tokens: list[int], eos: set[int], pad: int | None) -> list[bool]:
+    """Which positions are the filler `generate` puts in a finished row while other rows go on.
+
+    After the row's first eos, the filler is one repeated token; varied tokens after an eos mean
+    that it did not stop the row (it was no stopping criterion), so they were generated. The eos
+    itself was generated, also when it is the row's last token and when the pad token is the eos
+    (GPT-2's usual setup). A row stopped another way (a stop string, a custom criterion) ends in a
+    run of the pad token; when that token is an eos, the run's first one is read as the eos that
+    ended the row. The first token is always generated.
+    """
+    first = next((t for t, token in enumerate(tokens) if token in eos), None)
+    if first is not None and len(set(tokens[first + 1:])) <= 1:
+        return [t > first for t in range(len(tokens))]
+    run = 0
+    while pad is not None and run < len(tokens) - 1 and tokens[-1 - run] == pad:
+        run += 1
+    if run and pad in eos:
+        run -= 1  # the first of the run is the eos that finished the row
+    return [t >= len(tokens) - run for t in range(len(tokens))]

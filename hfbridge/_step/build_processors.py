@@ -276,7 +276,7 @@ def processors_for_config(
     unconditional: Callable[[torch.Tensor], Any] | None = None,
     rows: Callable[[Any], torch.Tensor] | None = None,
     tokenizer: Any = None,
-    generator: torch.Generator | None = None,
+    generator: Any = None,  # one torch.Generator, or per-row ones (XTC refuses those)
 ) -> LogitsProcessorList:
     """HF's `_get_logits_processor` for an already prepared config (see `make_generation_config`),
     as a `CheckedProcessorList` (each processor's output is checked when the list is called).

@@ -166,7 +166,7 @@ def _named(processor: Any, names: Mapping[str, str]) -> Any:
     return processor
 
 
-def build(config: GenerationConfig, *, tokenizer: Any = None, generator: torch.Generator | None = None,
+def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = None,
           prompt_length: int | None = None) -> dict[str, Any]:
     """The processors the options on `config` ask for, by kind."""
     v = values(config)
@@ -204,6 +204,11 @@ def build(config: GenerationConfig, *, tokenizer: Any = None, generator: torch.G
     if v["top_n_sigma"] is not None:
         built["top_n_sigma"] = _named(TopNSigmaLogitsWarper(v["top_n_sigma"]), {"n": "top_n_sigma"})
     if _active(v["xtc_probability"], lambda x: x == 0):
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(
+                "`xtc_probability` draws one coin per row from one `generator`; a list of per-row generators "
+                "is not supported with XTC yet: pass one torch.Generator (or none, for the global RNG)."
+            )
         built["xtc"] = _named(XTCLogitsWarper(v["xtc_threshold"], v["xtc_probability"], generator=generator),
                               {"threshold": "xtc_threshold", "probability": "xtc_probability"})
     if v["mirostat"] == 2:
@@ -221,7 +226,7 @@ _TAIL = ("WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor", "Log
 
 
 def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *, tokenizer: Any = None,
-                   generator: torch.Generator | None = None, prompt_length: int | None = None) -> LogitsProcessorList:
+                   generator: Any = None, prompt_length: int | None = None) -> LogitsProcessorList:
     """`processors` (HF's list, in HF's order) with the community processors in their places (in place)."""
     built = build(config, tokenizer=tokenizer, generator=generator, prompt_length=prompt_length)
     if not built:

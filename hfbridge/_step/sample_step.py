@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ def sample_step(
     layout: LayoutLike = None,
     vocab_size: int | None = None,
     do_sample: bool | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
     prompt_length: int | None = None,
     attention_mask: torch.Tensor | None = None,
     fast: bool = False,

@@ -9,7 +9,7 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import torch
@@ -20,7 +20,9 @@ from hfbridge._step.guidance import checked_unconditional
 from hfbridge._step.inputs import check_not_meta, extract_logits, keeps_ids_intact
 from hfbridge._step.layout import Layout, LayoutLike, from_rows, rows_of
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
-from hfbridge._step.processor_list import processor_name
+from hfbridge._step.per_row import PerRowValues, split_per_row
+from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
+from hfbridge._step.processor_list import CheckedProcessorList, processor_name
 from hfbridge._step.routes import greedy_choice, ids_outside
 from hfbridge._step.row_errors import invalid_rows_error
 
@@ -40,7 +42,9 @@ class Sampler:
             option (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
             `eta_cutoff`, `top_h`) is passed, else follow `generation_config.do_sample`, else greedy.
         generator: A `torch.Generator` on the logits' device for reproducible draws that leave
-            the global RNG alone. Default: the global RNG, drawing exactly as HF does.
+            the global RNG alone, or a list with one per row: row i is then drawn from generator
+            i only, as it would be alone (`docs/per_row.md`). Default: the global RNG, drawing
+            exactly as HF does.
         prompt_length: Prompt tokens before generation; needed by `min_new_tokens`,
             `max_new_tokens`, `exponential_decay_length_penalty`, `begin_suppress_tokens`.
         attention_mask: `(batch, seq)` mask of a left-padded prompt (repetition penalty then
@@ -56,7 +60,10 @@ class Sampler:
             calls itself; `sample_step` takes the step's `unconditional_logits=`.
         tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings).
         **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor, and the
-            options of `hfbridge.processors`' samplers (`dry_multiplier`, `top_n_sigma`, ...).
+            options of `hfbridge.processors`' samplers (`dry_multiplier`, `top_n_sigma`, ...). The
+            numeric ones of HF (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
+            `eta_cutoff`, `top_h`, `repetition_penalty`, `no_repeat_ngram_size`) take a number or
+            one value per row (a list, tuple or 1-D tensor); a temperature of 0 makes its row greedy.
 
     >>> import torch
     >>> sampler = Sampler(temperature=0.7, top_k=2)
@@ -74,7 +81,7 @@ class Sampler:
         layout: LayoutLike = None,
         vocab_size: int | None = None,
         do_sample: bool | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
         prompt_length: int | None = None,
         attention_mask: torch.Tensor | None = None,
         fast: bool = False,
@@ -83,13 +90,14 @@ class Sampler:
         tokenizer: Any = None,
         **generation_kwargs: Any,
     ):
+        generation_kwargs, per_row = split_per_row(generation_kwargs)  # one value per row: `_per_row.py`
         config = make_generation_config(
             generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
         )
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
-                    tokenizer=tokenizer)
+                    tokenizer=tokenizer, per_row=per_row)
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -103,11 +111,11 @@ class Sampler:
         return sampler
 
     def _setup(self, config: GenerationConfig, *, processors: Iterable[Callable] | None = None,
-               layout: LayoutLike = None, vocab_size: int | None = None, generator: torch.Generator | None = None,
+               layout: LayoutLike = None, vocab_size: int | None = None, generator: Generators = None,
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
                fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
                unconditional: Callable[[torch.Tensor], Any] | None = None,
-               tokenizer: Any = None) -> None:
+               tokenizer: Any = None, per_row: PerRowValues | None = None) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -123,6 +131,10 @@ class Sampler:
         self.vocab_size = vocab_size
         self.prompt_length = prompt_length
         self.fast = bool(fast)
+        self._plan = per_row.plan(config) if per_row is not None else None  # may turn do_sample off: all greedy
+        if self._plan is not None and len(self._plan.groups) == 1:
+            self._plan = None  # every row has the same values: the scalar step, exactly (rows still checked)
+        self._rows = RowState(per_row, self._plan)
         self.generation_config = config
         self.do_sample = bool(config.do_sample)
         self._user_processors = processors
@@ -139,20 +151,24 @@ class Sampler:
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
 
-    def _setup_generator(self, generator: torch.Generator | None) -> None:
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"`generator` must be a torch.Generator, got {type(generator).__name__}.")
+    def _setup_generator(self, generator: Generators) -> None:
+        check_generators(generator)
         self.generator = generator
-        self._generator_fits: tuple[torch.Generator, torch.device] | None = None  # checked last, see `_check_generator`
+        self._generator_fits: tuple[Any, torch.device] | None = None  # checked last, see `_check_generator`
 
     def _build(self, device: torch.device) -> LogitsProcessorList:
         mask = self._attention_mask.to(device) if self._attention_mask is not None else None
-        processors = processors_for_config(self.generation_config, processors=self._user_processors,
-                                           prompt_length=self.prompt_length, attention_mask=mask, device=device,
-                                           prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn,
-                                           unconditional=self._unconditional,
-                                           rows=lambda output: self.last_rows(extract_logits(output)),
-                                           tokenizer=self._tokenizer, generator=self.generator)
+        def build(config: GenerationConfig) -> LogitsProcessorList:
+            return processors_for_config(config, processors=self._user_processors, prompt_length=self.prompt_length,
+                                         attention_mask=mask, device=device,
+                                         prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn,
+                                         unconditional=self._unconditional,
+                                         rows=lambda output: self.last_rows(extract_logits(output)),
+                                         tokenizer=self._tokenizer, generator=self.generator)
+
+        processors = build(self.generation_config)
+        if self._plan is not None:  # HF's list per group of rows, merged (`_per_row.RowPlan.build`)
+            processors = CheckedProcessorList(self._plan.build(processors, build, device))
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         return processors
 
@@ -225,14 +241,20 @@ class Sampler:
         if rows.shape[-1] != self._vocab_checked:
             self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
+        self._check_rows_per_row(rows.shape[0])
         if self.fast and self.do_sample:
             from hfbridge._step.fast.fast_path import fast_draw
 
             # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
             # division makes the copy), instead of a copy here and a division in place there
             lent = rows.dtype == torch.float32
-            result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self.generator,
-                               memo=self._fast_memo, read_only=lent)
+            result: Any
+            if self._plan is not None or isinstance(self.generator, (list, tuple)):  # per group, or per row
+                units = self._rows.units(processors, self.generator, rows.shape[0], rows.device)
+                result = fast_rows(input_ids, rows, units, read_only=lent)
+            else:
+                result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
+                                   memo=self._fast_memo, read_only=lent)
             known = result.known_valid  # the one-row CPU draw knows it on the host
             self._fast_valid = known if known is not None else result.valid  # no sync
             self._last_fast = (result, rows)
@@ -373,6 +395,13 @@ class Sampler:
             )
         return ids
 
+    @property
+    def _one_generator(self) -> torch.Generator | None:
+        return self.generator if isinstance(self.generator, torch.Generator) else None  # a list is drawn per row
+
+    def _check_rows_per_row(self, rows: int) -> None:
+        self._rows.check(rows, self.generator)
+
     def _processors_on(self, device: torch.device) -> LogitsProcessorList:
         if device != self._device:
             self._device = device
@@ -383,20 +412,24 @@ class Sampler:
         fits = self._generator_fits
         if self.generator is None or (fits is not None and fits[0] is self.generator and fits[1] == device):
             return  # checked at the last step (twice a step in exact sampling: `prepare` and `choose`)
-        generator_device = torch.device(self.generator.device)
-        if generator_device.type != device.type or (
-            device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
-        ):
-            raise ValueError(
-                f"`generator` is on {generator_device} but the logits are on {device}; "
-                f"create it with torch.Generator(device={str(device)!r})."
-            )
+        for index, generator in enumerate(self.generator if isinstance(self.generator, (list, tuple))
+                                          else [self.generator]):
+            generator_device = torch.device(generator.device)
+            if generator_device.type != device.type or (
+                device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
+            ):
+                name = "generator" if isinstance(self.generator, torch.Generator) else f"generator[{index}]"
+                raise ValueError(
+                    f"`{name}` is on {generator_device} but the logits are on {device}; "
+                    f"create it with torch.Generator(device={str(device)!r})."
+                )
         self._generator_fits = (self.generator, device)
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
         if scores.shape[-1] != self._vocab_checked:
             self._check_vocab(scores.shape[-1])
+        self._check_rows_per_row(scores.shape[0])
         return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
     def _check_vocab(self, vocab: int) -> None:
@@ -416,11 +449,18 @@ class Sampler:
             self._check_best(best, scores, raw)
             return tokens
         self._check_generator(scores.device)
+        if (self._plan is not None and self._plan.mixed) or isinstance(self.generator, (list, tuple)):
+            self._check_rows_per_row(scores.shape[0])
+            tokens, invalid = choose_rows(scores, self._rows.samples_on(scores.device), self.generator,
+                                          self._rows.sample_rows())
+            if invalid is not None:  # read by `choose_rows`, which drew nothing then
+                self._raise_bad_rows(invalid, scores if raw is None else raw, scores)
+            return tokens
         probs = torch.nn.functional.softmax(scores, dim=-1)
         try:
             # torch.multinomial reads its input to refuse NaN / inf / all-zero rows (a host read we
             # cannot avoid); checking the rows before it would add a second one.
-            return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+            return torch.multinomial(probs, num_samples=1, generator=self._one_generator).squeeze(1)
         except RuntimeError as error:
             failure = error
         self._check_best(scores.amax(dim=-1), scores, raw)  # names the row

@@ -9,12 +9,16 @@ A token's probability is the softmax of its step's processed scores, which is ``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
+from hfbridge._generate.logprobs import token_entry
+from hfbridge._generate.output import padding_flags as _padding_flags
 from hfbridge._generate.output import read_output, score_rows, stacked_rows
+from hfbridge._generate.output import token_ids as _token_ids
 from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._views import trace_html as _trace_html
 from hfbridge._views import trace_view as _trace_view
@@ -132,6 +136,33 @@ class GenerationTrace:
     def is_special(self, token_id: int) -> bool:
         """Whether the tokenizer lists ``token_id`` among its special tokens (eos, pad, ...)."""
         return token_id in set(getattr(self.tokenizer, "all_special_ids", None) or ())
+
+    def logprobs(self, *, top_logprobs: int = 0, kind: str = "processed") -> dict[str, Any]:
+        """This row in OpenAI's chat `logprobs` format, `{"content": [...]}`, as `hfbridge.logprobs` gives it.
+
+        Read from the trace: the alternatives are the ``top`` kept by `explain_generation` (their
+        log-probabilities are the logs of their probabilities), and ``kind="raw"`` (the model's own
+        distribution, ``output_logits=True``) has no alternatives here; `hfbridge.logprobs(output)`
+        reads every alternative from the output itself.
+        """
+        if kind not in ("processed", "raw"):
+            raise ValueError(f"`kind` must be 'processed' or 'raw', got {kind!r}.")
+        if kind == "raw" and not self.has_model:
+            raise ValueError("the trace has no model distribution: pass output_logits=True to generate.")
+        most = max((len(step.alternatives) for step in self.steps), default=0)
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0 or (
+                top_logprobs > (0 if kind == "raw" else most) and top_logprobs > 0):
+            raise ValueError(f"`top_logprobs` must be an int from 0 to the trace's alternatives ({most}; "
+                             f"explain_generation(top=...) keeps more; none for kind='raw'), got {top_logprobs!r}.")
+        texts: dict[int, tuple[str, list[int]]] = {}
+        content = []
+        for step in self.generated:
+            value = step.logprob if kind == "processed" else _log(step.model_prob)
+            entry = token_entry(step.token, value, self.tokenizer, texts)
+            entry["top_logprobs"] = [token_entry(alt.token, _log(alt.prob), self.tokenizer, texts)
+                                     for alt in step.alternatives[:top_logprobs]]
+            content.append(entry)
+        return {"content": content}
 
     def __str__(self) -> str:
         return _trace_view.text_table(self)
@@ -320,40 +351,8 @@ def _distribution(scores: torch.Tensor, chosen: torch.Tensor, top: int) -> _Stat
     )
 
 
-def _token_ids(name: str, value: Any, tokenizer: Any) -> set[int]:
-    """``eos_token_id`` / ``pad_token_id`` as a set of ids, from the argument or else the tokenizer."""
-    given = value
-    if value is None:
-        value = getattr(tokenizer, name, None)
-    if value is None:
-        return set()
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    values = value if isinstance(value, (list, tuple, set)) else [value]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise TypeError(f"{name}: expected an int or a list of ints, got {given!r}")
-    return set(values)
-
-
-def _padding_flags(tokens: list[int], eos: set[int], pad: int | None) -> list[bool]:
-    """Which positions are the filler `generate` puts in a finished row while other rows go on.
-
-    After the row's first eos, the filler is one repeated token; varied tokens after an eos mean
-    that it did not stop the row (it was no stopping criterion), so they were generated. The eos
-    itself was generated, also when it is the row's last token and when the pad token is the eos
-    (GPT-2's usual setup). A row stopped another way (a stop string, a custom criterion) ends in a
-    run of the pad token; when that token is an eos, the run's first one is read as the eos that
-    ended the row. The first token is always generated.
-    """
-    first = next((t for t, token in enumerate(tokens) if token in eos), None)
-    if first is not None and len(set(tokens[first + 1:])) <= 1:
-        return [t > first for t in range(len(tokens))]
-    run = 0
-    while pad is not None and run < len(tokens) - 1 and tokens[-1 - run] == pad:
-        run += 1
-    if run and pad in eos:
-        run -= 1  # the first of the run is the eos that finished the row
-    return [t >= len(tokens) - run for t in range(len(tokens))]
+def _log(prob: float | None) -> float:
+    return math.log(prob) if prob else float("-inf")
 
 
 def _step_texts(tokenizer: Any, ids: list[int], cut: int, padding: list[bool]) -> list[str | None]:

@@ -238,7 +238,7 @@ def explain_step(
     # Choose for every row, as the step does, so a seeded generator draws the token `sample_step`
     # would (and a row left with no token is the step's own error). The processors are not run
     # again: stateful ones (grammar matchers) must see each step once.
-    if sampler.fast and sampler.do_sample:
+    if sampler.fast and sampler.do_sample and not isinstance(sampler.generator, (list, tuple)):
         from hfbridge._step.fast.fast_path import fast_sample
 
         # The fast path fuses some of HF's processors and calls the others; those not from
@@ -247,7 +247,7 @@ def explain_step(
             processor if _from_transformers(processor) else _Replay(output)
             for processor, output in zip(processors, outputs)
         )
-        tokens = fast_sample(ids, rows, replayed, sampler.generator)
+        tokens = fast_sample(ids, rows, replayed, sampler.generator)  # type: ignore[arg-type]  # not a list here
     else:
         tokens = sampler.choose(scores, raw=rows)
     return StepTrace(

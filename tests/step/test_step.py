@@ -241,7 +241,7 @@ def test_generator_on_another_device():
 
 
 def test_generator_type():
-    with pytest.raises(TypeError, match=re.escape("`generator` must be a torch.Generator, got int.")):
+    with pytest.raises(TypeError, match=re.escape("`generator` must be a torch.Generator or a list of them (one per row), got int.")):
         sample_step(logits_3d(0), generator=3)
 
 
