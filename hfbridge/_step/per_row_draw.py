@@ -10,7 +10,7 @@
   same `(1, vocab)` row, so its token does not depend on the rest of the batch.
 
 >>> import torch
->>> scores = torch.tensor([[0.0, 5.0], [3.0, 0.0]])
+>>> scores = torch.tensor([[0.0, 5.0], [3.0, float("-inf")]])  # row 1 can only draw token 0
 >>> choose_rows(scores, torch.tensor([False, True]), None)[0].tolist()
 [1, 0]
 """
