@@ -14,7 +14,7 @@ One call of `generate`, in the order of HF's `generate`:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, cast, overload
+from typing import Any, Literal, overload
 
 import torch
 from transformers import GenerationConfig
@@ -27,6 +27,7 @@ from hfbridge._generate.hf_loops.beam import beam_search
 from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
 from hfbridge._generate.loop import LoopOptions, check_every_option
 from hfbridge._generate.strategies import is_assisted, is_beam
+from hfbridge._hf.outputs import decoder_output
 from hfbridge._models.adapters import ModelAdapter, as_adapter
 from hfbridge._step.layout import LayoutLike
 from hfbridge._step.option_checks import check_flag
@@ -194,7 +195,7 @@ def generate(
         device of `input_ids`; finished rows are filled with `pad_token_id`. With
         `return_dict_in_generate=True`, HF's `GenerateDecoderOnlyOutput` with `sequences`, and
         `scores` (processed) / `logits` (raw float32) per step when `output_scores` /
-        `output_logits` ask for them, and `past_key_values` for a `ReturnsCache` model. Beam search
+        `output_logits` ask for them, and the cache for a `ReturnsCache` model (`past_key_values`; `cache` since transformers 5.24). Beam search
         returns `(batch * num_return_sequences, ...)` sequences, or HF's `GenerateBeamDecoderOnlyOutput`
         (`sequences_scores`, `scores`, `logits`, `beam_indices`).
 
@@ -269,8 +270,6 @@ def _generate(model: Any, input_ids: Any, *, attention_mask: Any, generation_con
         streamer.end()
 
     if call.config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(
-            sequences=cast(torch.LongTensor, call.sequences), scores=call.scores, logits=call.raw_logits,
-            attentions=None, hidden_states=None, past_key_values=adapter.cache(call.state),
-        )
+        return decoder_output(sequences=call.sequences, scores=call.scores, logits=call.raw_logits,
+                              cache=adapter.cache(call.state))
     return call.sequences

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hfbridge._hf.names import ALL_CACHE_NAMES
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
@@ -47,11 +48,12 @@ class Hooks(ModelAdapter):
             the state as it is.
         reorder_state: `(state, beam_idx) -> state`, called after every beam search step:
             row `i` of every per-row entry must become row `beam_idx[i]` (`beam_idx` `(rows,)`).
-            Default: reorder `state["past_key_values"]` (HF's name for the cache) when present
-            (an HF `Cache` or a nest of batch-first tensors).
+            Default: reorder `state["past_key_values"]` (HF's name for the cache; `state["cache"]`,
+            its name since transformers 5.24, too) when present (an HF `Cache` or a nest of
+            batch-first tensors).
         crop_state: `(state, length) -> state`, for assisted and prompt-lookup decoding: forget
             every position from `length` on (the rejected draft tokens); `prepare_inputs` then
-            feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` (an HF `Cache`
+            feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` or `state["cache"]` (an HF `Cache`
             or tensors `(..., seq, dim)`, see `crop_cache`) when the state has one.
 
     >>> import torch
@@ -95,12 +97,13 @@ class Hooks(ModelAdapter):
             if not isinstance(new_state, dict):
                 raise AdapterTypeError(f"reorder_state must return the state dict, got {describe(new_state)}.")
             return new_state
-        if state.get("past_key_values") is not None:
-            state["past_key_values"] = _reorder(state["past_key_values"], beam_idx)
+        for name in ALL_CACHE_NAMES:
+            if state.get(name) is not None:
+                state[name] = _reorder(state[name], beam_idx)
         return state
 
     def check_crop(self, state: dict[str, Any]) -> None:
-        if self.crop_state is None and "past_key_values" not in state:
+        if self.crop_state is None and not any(name in state for name in ALL_CACHE_NAMES):
             raise TypeError(
                 "assisted and prompt-lookup decoding roll back rejected draft tokens, but this Hooks state has no "
                 "`past_key_values` entry to crop; pass Hooks(..., crop_state=lambda state, length: ...) that makes "
@@ -114,7 +117,7 @@ class Hooks(ModelAdapter):
                 raise AdapterTypeError(f"crop_state must return the state dict, got {describe(new_state)}.")
             return new_state
         self.check_crop(state)
-        return {**state, "past_key_values": _crop(state["past_key_values"], length)}
+        return {**state, **{name: _crop(state[name], length) for name in ALL_CACHE_NAMES if name in state}}
 
     def check_inputs(self, names: list[str]) -> None:
         for name in names:
