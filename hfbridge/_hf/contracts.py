@@ -34,6 +34,7 @@ __all__ = ["CONTRACTS", "TransformersContractError", "check_cropped", "check_fie
 
 CONTRACTS = {
     "beam-reorder": "HF's beam loop reorders the cache it was given (model_kwargs[{cache}]) after every step",
+    "assisted-cache": "HF's assisted loop finds the cache hfbridge passes as model_kwargs[{cache}]",
     "assisted-crop": "HF's assisted loop crops the target's cache (its model output's `{output}`) after every "
                      "draft it verifies",
     "draft-cache": "HF's candidate generator hands the assistant's cache back to its next "

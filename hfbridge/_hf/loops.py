@@ -22,7 +22,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
-from hfbridge._hf.contracts import check_parameters
+from hfbridge._hf import names
+from hfbridge._hf.contracts import TransformersContractError, check_parameters
 
 __all__ = ["candidate_generator", "lookup_screens_candidates", "run_assisted_decoding", "run_beam_search",
            "uses_beam_scorer"]
@@ -74,7 +75,14 @@ def run_assisted_decoding(host: Any, sequences: torch.Tensor, *, processors: Any
             model_kwargs=model_kwargs)
     else:
         kwargs.update(inputs_tensor=sequences, assistant_model=assistant, assistant_tokenizer=None, tokenizer=None)
-    return host._assisted_decoding(sequences, **kwargs, **model_kwargs)
+    try:
+        return host._assisted_decoding(sequences, **kwargs, **model_kwargs)
+    except RuntimeError as error:
+        if "requires a cache" not in str(error) or host.step > 0:
+            raise
+        raise TransformersContractError(  # 4.46 to 5.24 raise this when no cache is under their name
+            "assisted-cache", f"its assisted loop raised {str(error)!r} for the cache hfbridge passed as "
+                              f"{names.LOOP_CACHE!r}") from error
 
 
 @functools.cache

@@ -23,6 +23,7 @@ True
 
 from __future__ import annotations
 
+import copy
 from typing import Any, cast
 
 import torch
@@ -234,13 +235,15 @@ class DraftHost:
         check_handed_back(drafts=self.drafts, handed_back=isinstance(cache, Rollback), stray=stray,
                           cache_name=names.LOOP_CACHE)
         self.drafts += 1
-        options: dict[str, Any] = {"max_new_tokens": max_new_tokens, **model_inputs}
+        # the lengths go into the config, not beside it (HF 5.x deprecates a config together with options)
+        config = copy.deepcopy(generation_config)
+        config.max_new_tokens = max_new_tokens
         if min_new_tokens:
-            options["min_new_tokens"] = min_new_tokens
-        call = _prepare(self.adapter, input_ids, attention_mask=attention_mask, generation_config=generation_config,
+            config.min_new_tokens = min_new_tokens
+        call = _prepare(self.adapter, input_ids, attention_mask=attention_mask, generation_config=config,
                         processors=LogitsProcessorList(logits_processor or []), stopping_criteria=None,
                         streamer=None, tokenizer=None, layout=self.layout, vocab_size=self.vocab_size,
-                        generator=None, fast=False, kwargs=options)
+                        generator=None, fast=False, kwargs=dict(model_inputs))
         if isinstance(cache, Rollback):  # resume where the last draft stopped (HF cropped it)
             draft = cache.owner
             call.state = draft.state
