@@ -174,3 +174,15 @@ def test_hfbridge_triggers_no_transformers_deprecation_warning(monkeypatch, stra
         compute_transition_scores(out.sequences, out.scores, getattr(out, "beam_indices", None))
     assert logged == []
     assert out.sequences.shape[1] == PROMPT.shape[1] + 4 or strategy.startswith("beam")
+
+
+def test_a_loop_and_cache_that_disagree_on_crop_give_an_error_or_the_same_tokens(monkeypatch):
+    """Simulates the change of `crop`'s meaning (a length to keep up to 5.10, minus the positions to remove
+    since 5.17): read the wrong way round, a length is an error; minus a count is still read right."""
+    expected = generate(_cached_model(), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6)
+    monkeypatch.setattr(names, "CROP_TAKES_REMOVED", not names.CROP_TAKES_REMOVED)
+    if names.CROP_TAKES_REMOVED:  # the installed loop passes lengths
+        with _expect("assisted-crop"):
+            generate(_cached_model(), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6)
+    else:
+        assert torch.equal(generate(_cached_model(), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6), expected)

@@ -29,7 +29,7 @@ from typing import Any
 
 from hfbridge._hf import names
 
-__all__ = ["CONTRACTS", "TransformersContractError", "check_cropped", "check_fields", "check_handed_back",
+__all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check_cropped", "check_fields", "check_handed_back",
            "check_parameters", "check_reordered"]
 
 CONTRACTS = {
@@ -87,6 +87,17 @@ def check_cropped(*, step: int, crops: int, output_name: str) -> None:
             f"before model call {step} of assisted decoding, the assisted loop had cropped the cache hfbridge "
             f"returned as `{output_name}` {crops} time(s) since the call before, expected once (after every "
             "verification); the model would keep rejected draft tokens in its cache",
+        )
+
+
+def check_crop_amount(amount: int) -> None:
+    """HF's loop called `crop(amount)` on a cache: in the installed convention (`names.CROP_TAKES_REMOVED`:
+    minus the positions to remove, never > 0), or a length to keep (any int is readable)."""
+    if names.CROP_TAKES_REMOVED and amount > 0:
+        raise TransformersContractError(
+            "assisted-crop",
+            f"the assisted loop called crop({amount}) on the target's cache, but the installed Cache.crop takes "
+            "minus the number of positions to remove (<= 0); the loop and the cache disagree on what crop means",
         )
 
 

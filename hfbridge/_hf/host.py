@@ -128,6 +128,33 @@ def _default_configs() -> tuple[PretrainedConfig, GenerationConfig]:
     return config, GenerationConfig.from_model_config(config)
 
 
+class AssistantStandIn:
+    """What HF's `AssistedCandidateGenerator` asks of its assistant model besides `generate`.
+
+    A subclass provides `generate(input_ids, **kwargs)` (hfbridge's draft loop). transformers 5.0's
+    generator prepares the first draft's arguments through the assistant's
+    `_get_initial_cache_position` and `prepare_inputs_for_generation`; here both pass the arguments
+    through unchanged (hfbridge's draft loop computes positions itself), and the draft never keeps
+    logits of fewer positions than it feeds.
+
+    >>> AssistantStandIn().prepare_inputs_for_generation("ids", is_first_iteration=True, attention_mask=1)
+    {'input_ids': 'ids', 'attention_mask': 1}
+    """
+
+    def _supports_logits_to_keep(self) -> bool:
+        return False
+
+    def _supports_num_logits_to_keep(self) -> bool:
+        return False
+
+    def _get_initial_cache_position(self, seq_length: int, device: Any, model_kwargs: dict[str, Any]) -> dict[str, Any]:
+        return model_kwargs
+
+    def prepare_inputs_for_generation(self, input_ids: Any, **model_kwargs: Any) -> dict[str, Any]:
+        dropped = ("is_first_iteration", "cache_position", "next_sequence_length")
+        return {"input_ids": input_ids, **{key: value for key, value in model_kwargs.items() if key not in dropped}}
+
+
 def fresh_config() -> PretrainedConfig:
     """A model config of its own for a host whose config HF's loops read (`vocab_size`) or a host sets.
 

@@ -14,9 +14,11 @@ True
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import transformers
+from transformers.cache_utils import DynamicCache
 
 __all__ = ["ALL_CACHE_NAMES", "CACHE_RENAMED_IN", "CROP_TAKES_REMOVED", "LOOP_CACHE", "OUTPUT_CACHE", "TRANSFORMERS_MAJOR",
            "TRANSFORMERS_VERSION", "TRANSFORMERS_VERSION_TEXT", "crop_keeps", "parse_version"]
@@ -51,9 +53,11 @@ OUTPUT_CACHE: str = "cache" if _RENAMED else "past_key_values"
 ALL_CACHE_NAMES: tuple[str, ...] = ("past_key_values", "cache")
 """Every name HF's own models have used for the cache (a `Hooks` state may hold it under either)."""
 
-# `Cache.crop` and HF's assisted loop: 4.x crops to a length to keep (`crop(max_length)`, negative
-# meaning "all but the last n"); 5.x passes minus the number of positions to remove (`crop(-n)`, n >= 0).
-CROP_TAKES_REMOVED: bool = TRANSFORMERS_MAJOR >= 5
+# `Cache.crop` and HF's assisted loop: up to 5.10 they crop to a length to keep (`crop(max_length)`,
+# negative meaning "all but the last n"); since 5.17 (somewhere after 5.10) the loop passes minus the
+# number of positions to remove (`crop(tokens_to_remove)`, `crop(-n)`, n >= 0). Read from the
+# installed `DynamicCache.crop`, whose parameter was renamed with the change.
+CROP_TAKES_REMOVED: bool = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
 
 
 def crop_keeps(fed: int, amount: int) -> int:

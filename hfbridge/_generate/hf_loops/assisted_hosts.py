@@ -38,8 +38,8 @@ from hfbridge._generate.hf_loops.host import LoopHost
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._hf import names
 from hfbridge._hf.caches import CacheBase
-from hfbridge._hf.contracts import check_cropped, check_handed_back
-from hfbridge._hf.host import fresh_config
+from hfbridge._hf.contracts import check_crop_amount, check_cropped, check_handed_back
+from hfbridge._hf.host import AssistantStandIn, fresh_config
 from hfbridge._hf.loops import candidate_generator
 from hfbridge._hf.outputs import decoder_output, model_output
 from hfbridge._models.adapters import ModelAdapter
@@ -68,6 +68,7 @@ class Rollback(CacheBase):
 
     def crop(self, amount: int) -> None:
         self.crops += 1
+        check_crop_amount(amount)
         self.owner.crop(names.crop_keeps(self.owner.fed, amount))  # 4.x: a length; 5.x: minus the removed
 
 
@@ -194,7 +195,7 @@ class DraftState:
             self.fed = length
 
 
-class DraftHost:
+class DraftHost(AssistantStandIn):
     """The draft model as HF's `AssistedCandidateGenerator` sees it: a `generate` that is hfbridge's.
 
     Args:
@@ -214,12 +215,6 @@ class DraftHost:
         self.layout, self.vocab_size = layout, vocab_size
         self.vocab: int | None = None  # logits width, once it has drafted
         self.drafts = 0  # generate calls so far
-
-    def _supports_logits_to_keep(self) -> bool:
-        return False
-
-    def _supports_num_logits_to_keep(self) -> bool:
-        return False
 
     def generate(self, input_ids: torch.Tensor, *, generation_config: GenerationConfig,
                  logits_processor: Any = None, min_new_tokens: int | None = None, max_new_tokens: int | None = None,
