@@ -68,6 +68,7 @@ class Rollback(CacheBase):
 
     def crop(self, amount: int) -> None:
         self.crops += 1
+        amount = int(amount)  # 5.17's loop passes a 0-d tensor (its loop has read the matches already)
         check_crop_amount(amount)
         self.owner.crop(names.crop_keeps(self.owner.fed, amount))  # 4.x: a length; 5.x: minus the removed
 
