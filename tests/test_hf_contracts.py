@@ -95,7 +95,7 @@ def test_an_assisted_loop_that_stops_cropping_is_an_error(monkeypatch):
 
 
 def test_output_classes_without_the_cache_field_are_an_error(monkeypatch):
-    contracts.check_fields.cache_clear()
+    contracts._check_fields.cache_clear()
     _rename(monkeypatch, loop=False, output=True)
     try:
         with _expect("output-fields"):
@@ -103,7 +103,7 @@ def test_output_classes_without_the_cache_field_are_an_error(monkeypatch):
         with _expect("output-fields"):
             generate(_cached_model(), PROMPT, num_beams=2, max_new_tokens=2, return_dict_in_generate=True)
     finally:
-        contracts.check_fields.cache_clear()
+        contracts._check_fields.cache_clear()
 
 
 def test_a_draft_cache_not_handed_back_is_an_error():

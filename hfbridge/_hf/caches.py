@@ -36,12 +36,13 @@ def crop_hf_cache(cache: Any, length: int) -> None:
     takes minus the number of positions to drop (and trims sliding-window layers even for 0).
     """
     held = int(cache.get_seq_length())
-    if "tokens_to_remove" in _crop_parameters(type(cache)):
+    kind: Any = type(cache)
+    if "tokens_to_remove" in _crop_parameters(kind):
         cache.crop(-max(held - length, 0))
     elif held > length:
         cache.crop(length)
 
 
 @functools.cache
-def _crop_parameters(kind: type) -> frozenset[str]:
+def _crop_parameters(kind: Any) -> frozenset[str]:
     return frozenset(inspect.signature(kind.crop).parameters)

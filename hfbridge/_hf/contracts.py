@@ -29,8 +29,8 @@ from typing import Any
 
 from hfbridge._hf import names
 
-__all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check_cropped", "check_fields", "check_handed_back",
-           "check_parameters", "check_reordered"]
+__all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check_cropped", "check_fields",
+           "check_handed_back", "check_parameters", "check_reordered"]
 
 CONTRACTS = {
     "beam-reorder": "HF's beam loop reorders the cache it was given (model_kwargs[{cache}]) after every step",
@@ -113,9 +113,13 @@ def check_handed_back(*, drafts: int, handed_back: bool, stray: Iterable[str], c
         )
 
 
-@functools.cache
-def check_fields(output_class: type, fields: tuple[str, ...]) -> None:
+def check_fields(output_class: Any, fields: tuple[str, ...]) -> None:
     """`output_class` (a dataclass, HF's `ModelOutput`) must have every field in `fields`; checked once."""
+    _check_fields(output_class, fields)
+
+
+@functools.cache
+def _check_fields(output_class: Any, fields: tuple[str, ...]) -> None:
     known = {field.name for field in dataclasses.fields(output_class)} if dataclasses.is_dataclass(output_class) \
         else set()
     missing = [name for name in fields if name not in known]

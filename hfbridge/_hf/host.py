@@ -13,7 +13,7 @@ import contextlib
 import functools
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -47,9 +47,10 @@ class ProcessorHost(GenerationMixin):
             self.config, self.generation_config = config, GenerationConfig.from_model_config(config)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
 
-    def _optimize_model_for_decode(self) -> contextlib.AbstractContextManager[None]:
+    @contextlib.contextmanager
+    def _optimize_model_for_decode(self) -> Iterator[None]:
         # transformers 5.24's loops switch a model's MoE kernels for decoding; a host has none.
-        return contextlib.nullcontext()
+        yield
 
     def _valid_auto_compile_criteria(self, *args: Any, **kwargs: Any) -> bool:
         # transformers 5.x compiles the model's forward for some caches on accelerators; the host's

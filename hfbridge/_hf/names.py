@@ -20,8 +20,8 @@ import re
 import transformers
 from transformers.cache_utils import DynamicCache
 
-__all__ = ["ALL_CACHE_NAMES", "CACHE_RENAMED_IN", "CROP_TAKES_REMOVED", "LOOP_CACHE", "OUTPUT_CACHE", "TRANSFORMERS_MAJOR",
-           "TRANSFORMERS_VERSION", "TRANSFORMERS_VERSION_TEXT", "crop_keeps", "parse_version"]
+__all__ = ["ALL_CACHE_NAMES", "CACHE_RENAMED_IN", "CROP_TAKES_REMOVED", "LOOP_CACHE", "OUTPUT_CACHE",
+           "TRANSFORMERS_MAJOR", "TRANSFORMERS_VERSION", "TRANSFORMERS_VERSION_TEXT", "crop_keeps", "parse_version"]
 
 
 def parse_version(text: str) -> tuple[int, int, int]:

@@ -121,7 +121,7 @@ class LoopHost(ProcessorHost):
         returned to HF's first call of the loop (the same prompt) instead of calling the model twice.
         """
         output = self(input_ids=input_ids, attention_mask=attention_mask)
-        self.config.vocab_size = int(output.logits.shape[-1])
+        self.config.vocab_size = int(output.logits.shape[-1])  # type: ignore[union-attr]
         self.early = (input_ids.shape, output)
 
     def model_kwargs(self, attention_mask: torch.Tensor) -> dict[str, Any]:
