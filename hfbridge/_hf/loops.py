@@ -25,8 +25,8 @@ from transformers.generation.utils import GenerationMixin
 from hfbridge._hf import names
 from hfbridge._hf.contracts import TransformersContractError, check_parameters
 
-__all__ = ["candidate_generator", "lookup_screens_candidates", "run_assisted_decoding", "run_beam_search",
-           "uses_beam_scorer"]
+__all__ = ["candidate_generator", "is_prompt_lookup", "lookup_screens_candidates", "prepare_prompt_lookup",
+           "run_assisted_decoding", "run_beam_search", "uses_beam_scorer"]
 
 _LOOP_ARGUMENTS = ("logits_processor", "stopping_criteria", "generation_config", "synced_gpus")
 
@@ -83,6 +83,20 @@ def run_assisted_decoding(host: Any, sequences: torch.Tensor, *, processors: Any
         raise TransformersContractError(  # 4.46 to 5.24 raise this when no cache is under their name
             "assisted-cache", f"its assisted loop raised {str(error)!r} for the cache hfbridge passed as "
                               f"{names.LOOP_CACHE!r}") from error
+
+
+def is_prompt_lookup(generator: Any) -> bool:
+    """Whether HF's candidate generator is its `PromptLookupCandidateGenerator` (or one like it)."""
+    return hasattr(generator, "num_output_tokens")
+
+
+def prepare_prompt_lookup(generator: Any, *, device: torch.device, vocab: int | None) -> None:
+    """Set what HF's prompt lookup reads on itself: the logits width (`vocab_size`, 5.x screens candidates
+    with it), and an eos tensor that matches nothing where 4.x would fail on `isin(ids, None)`."""
+    if getattr(generator, "eos_token_id", 0) is None:
+        generator.eos_token_id = torch.empty(0, dtype=torch.long, device=device)
+    if vocab is not None:
+        generator.vocab_size = vocab
 
 
 @functools.cache

@@ -40,7 +40,7 @@ from hfbridge._hf import names
 from hfbridge._hf.caches import CacheBase
 from hfbridge._hf.contracts import check_crop_amount, check_cropped, check_handed_back
 from hfbridge._hf.host import AssistantStandIn, fresh_config
-from hfbridge._hf.loops import candidate_generator
+from hfbridge._hf.loops import candidate_generator, is_prompt_lookup, prepare_prompt_lookup
 from hfbridge._hf.outputs import decoder_output, model_output
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.layout import Layout
@@ -162,7 +162,7 @@ class TargetHost(LoopHost):
                 f"but {self.vocab} at step 0; the vocabulary size must stay the same."
             )
         if self.lookup is not None:
-            self.lookup.vocab_size = self.vocab
+            prepare_prompt_lookup(self.lookup, device=self.device, vocab=self.vocab)
         draft_vocab = None if self.draft is None else self.draft.vocab
         if self.do_sample and draft_vocab is not None and draft_vocab != self.vocab:
             raise ValueError(
@@ -173,13 +173,9 @@ class TargetHost(LoopHost):
 
     def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
         generator: Any = candidate_generator(self, *args, **kwargs)  # HF's choice
-        if hasattr(generator, "num_output_tokens"):  # prompt lookup
+        if is_prompt_lookup(generator):
             self.lookup = generator
-            if getattr(generator, "eos_token_id", 0) is None:
-                # transformers 4.x's lookup fails on `isin(ids, None)`; no eos id matches nothing
-                generator.eos_token_id = torch.empty(0, dtype=torch.long, device=self.device)
-            if self.vocab is not None:
-                generator.vocab_size = self.vocab
+            prepare_prompt_lookup(generator, device=self.device, vocab=self.vocab)
         return generator
 
 
