@@ -8,6 +8,7 @@
 
 from hfbridge._generate.generate import generate
 from hfbridge._generate.transition_scores import compute_transition_scores
+from hfbridge._hf.contracts import TransformersContractError
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, ReturnsCache
 from hfbridge._models.hooks import Hooks
 from hfbridge._step.build_processors import build_processors
@@ -32,6 +33,7 @@ __all__ = [
     "Sampler",
     "StepTrace",
     "TokenStep",
+    "TransformersContractError",
     "build_processors",
     "compute_transition_scores",
     "explain_generation",
