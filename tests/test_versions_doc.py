@@ -15,7 +15,8 @@ def _ci_lines() -> list[str]:
 
 def _doc_rows() -> dict[str, tuple[str, str]]:
     rows = {}
-    for row in (ROOT / "docs" / "versions.md").read_text().splitlines():
+    first_section = (ROOT / "docs" / "versions.md").read_text().split("\n## ", 1)[0]  # the table of lines
+    for row in first_section.splitlines():
         cells = [cell.strip(" `") for cell in row.strip().strip("|").split("|")]
         if len(cells) >= 3 and re.fullmatch(r"\d+\.\d+", cells[0]):
             rows[cells[0]] = (cells[1], cells[2])
