@@ -33,6 +33,7 @@ __all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check
            "check_handed_back", "check_parameters", "check_reordered"]
 
 CONTRACTS = {
+    "beam-first-call": "HF's beam loop calls the model on the whole prompt first",
     "beam-reorder": "HF's beam loop reorders the cache it was given (model_kwargs[{cache}]) after every step",
     "assisted-cache": "HF's assisted loop finds the cache hfbridge passes as model_kwargs[{cache}]",
     "assisted-crop": "HF's assisted loop crops the target's cache (its model output's `{output}`) after every "

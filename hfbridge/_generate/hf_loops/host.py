@@ -31,7 +31,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._hf import names
-from hfbridge._hf.contracts import check_reordered
+from hfbridge._hf.contracts import TransformersContractError, check_reordered
 from hfbridge._hf.host import ProcessorHost, fresh_config
 from hfbridge._hf.outputs import model_output
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
@@ -141,8 +141,9 @@ class LoopHost(ProcessorHost):
             self.early = None
             if input_ids.shape == shape:  # HF's first call: the prompt, already run by `prefill_early`
                 return output
-            raise RuntimeError(f"hfbridge: HF's loop started with {tuple(input_ids.shape)} ids, but the prompt is "
-                               f"{tuple(shape)}")
+            raise TransformersContractError(
+                "beam-first-call", f"its first model call had ids of shape {tuple(input_ids.shape)}, but the prompt "
+                                   f"(already run to read the vocabulary size) has {tuple(shape)}")
         step = self.step
         extra = self.lockstep and attention_mask is not None and attention_mask.shape[1] > input_ids.shape[1]
         if not extra:  # synced_gpus: HF's loop calls a finished rank's model without reordering
