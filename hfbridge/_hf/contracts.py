@@ -5,9 +5,9 @@ with the objects hfbridge hands them (a renamed keyword, a cache no longer reord
 would still run and give wrong tokens. These checks turn that into `TransformersContractError`,
 naming the installed version and the contract, before a wrong token reaches the caller:
 
-- at run time, where it costs an integer comparison: the beam loop reordered the cache between
-  two model calls (`check_reordered`), the assisted loop cropped it after verifying a draft
-  (`check_cropped`), the candidate generator handed the assistant's cache back (`check_handed_back`);
+- at run time, where it is cheap: the beam loop reordered the cache between two model calls
+  (`check_reordered`, an integer comparison), the assisted loop cropped the rejected draft tokens
+  (`check_cropped`, one flag read where HF's loop reads the accepted count), the candidate generator handed the assistant's cache back (`check_handed_back`);
 - at first use, where a look at a class suffices: an output class has the fields hfbridge fills
   (`check_fields`), a loop takes the keyword arguments hfbridge passes (`check_parameters`).
 
@@ -36,8 +36,8 @@ CONTRACTS = {
     "beam-first-call": "HF's beam loop calls the model on the whole prompt first",
     "beam-reorder": "HF's beam loop reorders the cache it was given (model_kwargs[{cache}]) after every step",
     "assisted-cache": "HF's assisted loop finds the cache hfbridge passes as model_kwargs[{cache}]",
-    "assisted-crop": "HF's assisted loop crops the target's cache (its model output's `{output}`) after every "
-                     "draft it verifies",
+    "assisted-crop": "HF's assisted loop crops the rejected draft tokens from the target's cache (its model "
+                     "output's `{output}`) and from the assistant's",
     "draft-cache": "HF's candidate generator hands the assistant's cache back to its next "
                    "`assistant_model.generate({cache}=...)`",
     "output-fields": "HF's output classes have the fields hfbridge fills",
@@ -77,17 +77,22 @@ def check_reordered(*, step: int, reorders: int, cache_name: str) -> None:
         )
 
 
-def check_cropped(*, step: int, crops: int, output_name: str) -> None:
-    """Before model call `step` (> 0) of assisted decoding: HF must have cropped the target's cache once since.
+def check_cropped(*, role: str, kept: int, seen: Any, input_ids: Any, output_name: str) -> None:
+    """Before a model call of assisted decoding: the cache must hold only tokens of the new sequence.
 
-    `crops` counts the crops since the previous model call.
+    `kept` positions are in the cache after HF's loop cropped it, `seen` (`(1, seq)`, or None before the
+    first call) are the ids of the call before, `input_ids` `(1, seq')` those of this call. HF crops only
+    when a draft was rejected (5.14+), so the check is on the tokens, not on the number of crops; it
+    reads one flag from the device, where HF's loop has just read the number of accepted tokens.
     """
-    if step > 0 and crops != 1:
+    if seen is None or kept == 0:
+        return
+    if kept >= input_ids.shape[1] or not bool((input_ids[:, :kept] == seen[:, :kept].to(input_ids.device)).all()):
         raise TransformersContractError(
             "assisted-crop",
-            f"before model call {step} of assisted decoding, the assisted loop had cropped the cache hfbridge "
-            f"returned as `{output_name}` {crops} time(s) since the call before, expected once (after every "
-            "verification); the model would keep rejected draft tokens in its cache",
+            f"the {role} model's cache (returned as `{output_name}`) still holds {kept} positions, but the "
+            f"sequence it is called with next ({input_ids.shape[1]} ids) differs from them: the assisted loop did "
+            "not crop the rejected draft tokens from it",
         )
 
 

@@ -58,7 +58,6 @@ class Rollback(CacheBase):
     def __init__(self, owner: Any):
         super().__init__()
         self.owner = owner
-        self.crops = 0  # since the owner's last model call (`contracts.check_cropped`)
 
     def get_seq_length(self, layer_idx: int | None = 0) -> int:
         return int(self.owner.fed)
@@ -67,7 +66,6 @@ class Rollback(CacheBase):
         """transformers 5 asks caches to keep sliding-window states for rollback; the adapter's crop decides."""
 
     def crop(self, amount: int) -> None:
-        self.crops += 1
         amount = int(amount)  # 5.17's loop passes a 0-d tensor (its loop has read the matches already)
         check_crop_amount(amount)
         self.owner.crop(names.crop_keeps(self.owner.fed, amount))  # 4.x: a length; 5.x: minus the removed
@@ -120,6 +118,7 @@ class TargetHost(LoopHost):
                          device=device)
         self.config = fresh_config()  # a private one: HF's prompt lookup reads `vocab_size` from it
         self.cache_handle = cast(Any, Rollback(self))  # in place of LoopHost's, which only reorders
+        self.seen: torch.Tensor | None = None  # the ids of the last call (`contracts.check_cropped`)
         self.lookup: Any = None  # HF's prompt-lookup generator, when that is the strategy
         self.draft: DraftHost | None = None  # the assistant, when a draft model is the strategy
         self.do_sample = False
@@ -133,10 +132,10 @@ class TargetHost(LoopHost):
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **ignored: Any) -> CausalLMOutputWithPast:
         """One model call: the tokens the model has not seen in, `(1, fed, vocab)` float32 logits out."""
+        check_cropped(role="target", kept=self.fed, seen=self.seen, input_ids=input_ids,
+                      output_name=names.OUTPUT_CACHE)
         step, fed = self.step, input_ids.shape[1] - self.fed
-        handle = cast(Rollback, self.cache_handle)
-        check_cropped(step=step, crops=handle.crops, output_name=names.OUTPUT_CACHE)
-        handle.crops = 0
+        self.seen = input_ids
         self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
             input_ids.shape)
         outputs, self.state = forward_and_update(
@@ -185,6 +184,7 @@ class DraftState:
     def __init__(self, adapter: ModelAdapter, state: dict[str, Any]):
         self.adapter, self.state = adapter, state
         self.fed = 0
+        self.seen: torch.Tensor | None = None  # the sequence of the last draft
 
     def crop(self, length: int) -> None:
         if length < self.fed:
@@ -238,6 +238,8 @@ class DraftHost(AssistantStandIn):
                         generator=None, fast=False, kwargs=dict(model_inputs))
         if isinstance(cache, Rollback):  # resume where the last draft stopped (HF cropped it)
             draft = cache.owner
+            check_cropped(role="assistant", kept=draft.fed, seen=draft.seen, input_ids=input_ids,
+                          output_name=names.OUTPUT_CACHE)
             call.state = draft.state
         else:
             draft = DraftState(self.adapter, call.state)
@@ -251,4 +253,5 @@ class DraftHost(AssistantStandIn):
             self.vocab = call.scores[0].shape[-1]
         draft.state = call.state
         draft.fed = call.sequences.shape[1] - 1  # the last drafted token was never fed
+        draft.seen = call.sequences
         return decoder_output(sequences=call.sequences, scores=call.scores, cache=Rollback(draft))
