@@ -7,7 +7,8 @@ naming the installed version and the contract, before a wrong token reaches the 
 
 - at run time, where it is cheap: the beam loop reordered the cache between two model calls
   (`check_reordered`, an integer comparison), the assisted loop cropped the rejected draft tokens
-  (`check_cropped`, one flag read where HF's loop reads the accepted count), the candidate generator handed the assistant's cache back (`check_handed_back`);
+  (`check_cropped`, one flag read where HF's loop reads the accepted count), the candidate
+  generator handed the assistant's cache back (`check_handed_back`);
 - at first use, where a look at a class suffices: an output class has the fields hfbridge fills
   (`check_fields`), a loop takes the keyword arguments hfbridge passes (`check_parameters`).
 
