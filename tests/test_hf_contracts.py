@@ -187,3 +187,18 @@ def test_a_loop_and_cache_that_disagree_on_crop_give_an_error_or_the_same_tokens
         assert names.CROP_TAKES_REMOVED and error.contract == "assisted-crop"
     else:  # 5.14+ pass minus the number to remove, which both readings understand
         assert torch.equal(got, expected)
+
+
+def test_a_beam_loop_whose_first_call_is_not_the_prompt_is_an_error(monkeypatch):
+    from hfbridge._generate.hf_loops.host import LoopHost
+
+    original = LoopHost.__call__
+
+    def first_call_shortened(self, input_ids, attention_mask=None, **kwargs):
+        if self.early is not None:  # HF's first call, as a release that fed the prompt in pieces would make it
+            input_ids, attention_mask = input_ids[:, 1:], attention_mask[:, 1:]
+        return original(self, input_ids, attention_mask, **kwargs)
+
+    monkeypatch.setattr(LoopHost, "__call__", first_call_shortened)
+    with _expect("beam-first-call"):
+        generate(_cached_model(), PROMPT, num_beams=2, max_new_tokens=3)

@@ -53,10 +53,10 @@ OUTPUT_CACHE: str = "cache" if _RENAMED else "past_key_values"
 ALL_CACHE_NAMES: tuple[str, ...] = ("past_key_values", "cache")
 """Every name HF's own models have used for the cache (a `Hooks` state may hold it under either)."""
 
-# `Cache.crop` and HF's assisted loop: up to 5.10 they crop to a length to keep (`crop(max_length)`,
-# negative meaning "all but the last n"); since 5.17 (somewhere after 5.10) the loop passes minus the
-# number of positions to remove (`crop(tokens_to_remove)`, `crop(-n)`, n >= 0). Read from the
-# installed `DynamicCache.crop`, whose parameter was renamed with the change.
+# `Cache.crop`: up to 5.16 it takes a length to keep (`crop(max_length)`, negative meaning "all but
+# the last n"; HF's assisted loop passes a length up to 5.13, `-n` from 5.14); since 5.17 it takes
+# minus the number of positions to remove (`crop(tokens_to_remove)`, `crop(-n)`, n >= 0). Read from
+# the installed `DynamicCache.crop`, whose parameter was renamed with the change.
 CROP_TAKES_REMOVED: bool = "tokens_to_remove" in inspect.signature(DynamicCache.crop).parameters
 
 
