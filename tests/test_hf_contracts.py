@@ -181,10 +181,13 @@ def test_a_loop_and_cache_that_disagree_on_crop_give_an_error_or_the_same_tokens
     since 5.17): read the wrong way round, a length is an error; minus a count is still read right."""
     expected = generate(_cached_model(), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6)
     monkeypatch.setattr(names, "CROP_TAKES_REMOVED", not names.CROP_TAKES_REMOVED)
+    failed = None
     try:
         got = generate(_cached_model(), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6)
     except TransformersContractError as error:  # a loop that passes lengths (4.x to 5.13), read as removals
-        assert names.CROP_TAKES_REMOVED and error.contract == "assisted-crop"
+        failed = error
+    if failed is not None:
+        assert names.CROP_TAKES_REMOVED and failed.contract == "assisted-crop"
     else:  # 5.14+ pass minus the number to remove, which both readings understand
         assert torch.equal(got, expected)
 
