@@ -9,6 +9,7 @@
 from hfbridge._generate.generate import generate
 from hfbridge._generate.logprobs import logprobs
 from hfbridge._generate.transition_scores import compute_transition_scores
+from hfbridge._hf.contracts import TransformersContractError
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, ReturnsCache
 from hfbridge._models.cache import crop_cache, reorder_cache
 from hfbridge._models.hooks import Hooks
@@ -35,6 +36,7 @@ __all__ = [
     "Sampler",
     "StepTrace",
     "TokenStep",
+    "TransformersContractError",
     "accelerator_route",
     "build_processors",
     "compute_transition_scores",

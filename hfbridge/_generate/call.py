@@ -17,7 +17,6 @@ which is why they live below the public `generate` module.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -32,7 +31,7 @@ from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
 from hfbridge._generate.modes import is_assisted, is_beam
 from hfbridge._generate.options import GenerateOptions
-from hfbridge._hf.host import ProcessorHost, generation_option_names
+from hfbridge._hf.host import ProcessorHost, generation_option_names, special_token
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
@@ -84,7 +83,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
         check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
     if attention_mask is None:
-        attention_mask = _inferred_mask(host, input_ids, config)
+        attention_mask = host.attention_mask(input_ids, config)
     if batch > 1 and bool((attention_mask[:, -1] == 0).any()):
         warnings.warn(
             "`attention_mask` has padding at the end of some rows (right padding); decoder-only models need "
@@ -93,7 +92,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
             stacklevel=3,
         )
     default_max_length = has_default_max_length(config_options, generation_config)
-    host._as_mixin()._validate_generated_length(config, prompt_length, default_max_length)
+    host.validate_length(config, prompt_length, default_max_length)
 
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
     expand = config.num_beams if is_beam(config) else (config.num_return_sequences or 1)
@@ -115,7 +114,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
 
     # 4. This call's criteria and processors (fresh: stateful processors start clean).
     criteria = host.stopping_criteria(config, _criteria_list(options.stopping_criteria), tokenizer=tokenizer)
-    if pads_finished(criteria) and config._pad_token_tensor is None:
+    if pads_finished(criteria) and special_token(config, "pad") is None:
         raise ValueError(
             "a stopping criterion has an `eos_token_id`, so finished rows need a `pad_token_id`; pass "
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
@@ -150,16 +149,6 @@ def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: Loo
 def _criteria_list(stopping_criteria: Iterable[Callable] | None) -> StoppingCriteriaList:
     return callable_list(stopping_criteria, StoppingCriteriaList, name="stopping_criteria",
                          contract="(input_ids, scores) -> bool tensor (batch,)")
-
-
-def _inferred_mask(host: ProcessorHost, input_ids: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
-    """HF's `_prepare_attention_mask_for_generation` (its signature differs between versions)."""
-    prepare = host._as_mixin()._prepare_attention_mask_for_generation
-    parameters = inspect.signature(prepare).parameters
-    ids = input_ids.long()
-    if "generation_config" in parameters:
-        return prepare(ids, config, {})
-    return prepare(ids, config._pad_token_tensor, config._eos_token_tensor)
 
 
 def _expand(value: Any, batch: int, expand: int) -> Any:

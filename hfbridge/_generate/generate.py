@@ -217,7 +217,8 @@ def generate(
         device of `input_ids`; finished rows are filled with `pad_token_id`. With
         `return_dict_in_generate=True`, HF's `GenerateDecoderOnlyOutput` with `sequences`, and
         `scores` (processed) / `logits` (raw float32) per step when `output_scores` /
-        `output_logits` ask for them, and `past_key_values` for a `ReturnsCache` model. Beam search
+        `output_logits` ask for them, and the cache for a `ReturnsCache` model (`past_key_values`;
+        `cache` since transformers 5.24). Beam search
         returns `(batch * num_return_sequences, ...)` sequences, or HF's `GenerateBeamDecoderOnlyOutput`
         (`sequences_scores`, `scores`, `logits`, `beam_indices`).
 

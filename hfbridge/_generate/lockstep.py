@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from hfbridge._hf.integrations import is_sharded
+
 
 def world_size() -> int:
     """Ranks in the default process group; 1 when `torch.distributed` is unavailable or not initialised."""
@@ -55,15 +57,7 @@ def _initialised() -> bool:
 
 def _sharded(model: Any) -> bool:
     """HF's test: DeepSpeed ZeRO-3 enabled, or the model managed by FSDP (HF's own functions)."""
-    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-    if is_deepspeed_zero3_enabled():
-        return True
-    if not isinstance(model, torch.nn.Module) or not torch.distributed.is_available():
-        return False
-    from transformers.integrations.fsdp import is_fsdp_managed_module
-
-    return bool(is_fsdp_managed_module(model))
+    return is_sharded(model)
 
 
 def sum_over_ranks(flag: torch.Tensor) -> torch.Tensor:

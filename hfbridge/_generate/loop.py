@@ -29,6 +29,7 @@ import torch
 from transformers import StoppingCriteriaList
 
 from hfbridge._generate.finished import FinishedRows, InvalidRows
+from hfbridge._hf.host import special_token
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._step.processor_list import BadProcessorOutput
 from hfbridge._step.routes import greedy_choice
@@ -73,7 +74,7 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     """The loop of HF's `_sample`: one model call and one token per row per step, in place on `call`."""
     sampler, device = call.sampler, call.sequences.device
     rows_expected = call.sequences.shape[0]
-    pad_token = call.config._pad_token_tensor
+    pad_token = special_token(call.config, "pad")
     pads_finished_rows = pads_finished(call.criteria)
     use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
     # plain greedy: HF's argmax straight on the model's logits, no copy

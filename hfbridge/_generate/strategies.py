@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-import torch
 from transformers import GenerationConfig
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfbridge._generate.call import Call, decode, progress_bar
 from hfbridge._generate.hf_loops.assisted import generate_assisted
@@ -35,6 +33,7 @@ from hfbridge._generate.hf_loops.beam import beam_search
 from hfbridge._generate.loop import LoopOptions
 from hfbridge._generate.modes import mode_of
 from hfbridge._generate.options import GenerateOptions
+from hfbridge._hf.outputs import decoder_output
 from hfbridge._models.adapters import ModelAdapter
 
 __all__ = ["STRATEGIES", "Strategy", "run_assisted", "run_beam", "run_loop", "strategy_for"]
@@ -60,10 +59,8 @@ def run_loop(adapter: ModelAdapter, call: Call, options: GenerateOptions, loop: 
     if streamer is not None:
         streamer.end()
     if call.config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(
-            sequences=cast(torch.LongTensor, call.sequences), scores=call.scores, logits=call.raw_logits,
-            attentions=None, hidden_states=None, past_key_values=adapter.cache(call.state),
-        )
+        return decoder_output(sequences=call.sequences, scores=call.scores, logits=call.raw_logits,
+                              cache=adapter.cache(call.state))
     return call.sequences
 
 

@@ -9,18 +9,18 @@ instead of mirroring it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import transformers
 from transformers import GenerationConfig, LogitsProcessorList, PretrainedConfig, StoppingCriteriaList
 from transformers.generation.utils import GenerationMixin
 
-_TRANSFORMERS_MAJOR = int(transformers.__version__.split(".")[0])
+from hfbridge._hf import names
 
 
 class ProcessorHost(GenerationMixin):
@@ -46,6 +46,16 @@ class ProcessorHost(GenerationMixin):
             config.max_position_embeddings = max_position_embeddings
             self.config, self.generation_config = config, GenerationConfig.from_model_config(config)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+
+    @contextlib.contextmanager
+    def _optimize_model_for_decode(self) -> Iterator[None]:
+        # transformers 5.24's loops switch a model's MoE kernels for decoding; a host has none.
+        yield
+
+    def _valid_auto_compile_criteria(self, *args: Any, **kwargs: Any) -> bool:
+        # transformers 5.x compiles the model's forward for some caches on accelerators; the host's
+        # "forward" is hfbridge's adapter call, which is not HF's to compile.
+        return False
 
     def _as_mixin(self) -> Any:
         # transformers 5 types `self` of these GenerationMixin helpers as a PreTrainedModel; the host
@@ -91,6 +101,19 @@ class ProcessorHost(GenerationMixin):
                 negative_prompt_attention_mask=None,
             )
 
+    def attention_mask(self, input_ids: torch.Tensor, generation_config: GenerationConfig) -> torch.Tensor:
+        """HF's `_prepare_attention_mask_for_generation` (its signature differs between versions)."""
+        prepare = self._as_mixin()._prepare_attention_mask_for_generation
+        ids = input_ids.long()
+        if "generation_config" in _parameters(GenerationMixin._prepare_attention_mask_for_generation):
+            return prepare(ids, generation_config, {})
+        return prepare(ids, special_token(generation_config, "pad"), special_token(generation_config, "eos"))
+
+    def validate_length(self, generation_config: GenerationConfig, prompt_length: int,
+                        has_default_max_length: bool) -> None:
+        """HF's `_validate_generated_length`: its errors and warnings about the lengths."""
+        self._as_mixin()._validate_generated_length(generation_config, prompt_length, has_default_max_length)
+
     def stopping_criteria(self, generation_config: GenerationConfig, stopping_criteria: Any = None,
                           tokenizer: Any = None) -> StoppingCriteriaList:
         """HF's `_get_stopping_criteria` (max length, max time, stop strings, eos) merged with user criteria."""
@@ -106,8 +129,56 @@ def _default_configs() -> tuple[PretrainedConfig, GenerationConfig]:
     return config, GenerationConfig.from_model_config(config)
 
 
-def _parameters(function: Callable[..., Any]) -> set[str]:
-    return set(inspect.signature(function).parameters)
+class AssistantStandIn:
+    """What HF's `AssistedCandidateGenerator` asks of its assistant model besides `generate`.
+
+    A subclass provides `generate(input_ids, **kwargs)` (hfbridge's draft loop). transformers 5.0's
+    generator prepares the first draft's arguments through the assistant's
+    `_get_initial_cache_position` and `prepare_inputs_for_generation`; here both pass the arguments
+    through unchanged (hfbridge's draft loop computes positions itself), and the draft never keeps
+    logits of fewer positions than it feeds.
+
+    >>> AssistantStandIn().prepare_inputs_for_generation("ids", is_first_iteration=True, attention_mask=1)
+    {'input_ids': 'ids', 'attention_mask': 1}
+    """
+
+    def _supports_logits_to_keep(self) -> bool:
+        return False
+
+    def _supports_num_logits_to_keep(self) -> bool:
+        return False
+
+    def _get_initial_cache_position(self, seq_length: int, device: Any, model_kwargs: dict[str, Any]) -> dict[str, Any]:
+        return model_kwargs
+
+    def prepare_inputs_for_generation(self, input_ids: Any, **model_kwargs: Any) -> dict[str, Any]:
+        dropped = ("is_first_iteration", "cache_position", "next_sequence_length")
+        return {"input_ids": input_ids, **{key: value for key, value in model_kwargs.items() if key not in dropped}}
+
+
+def fresh_config() -> PretrainedConfig:
+    """A model config of its own for a host whose config HF's loops read (`vocab_size`) or a host sets.
+
+    >>> fresh_config().is_encoder_decoder
+    False
+    """
+    config = PretrainedConfig()
+    config.is_encoder_decoder = False
+    return config
+
+
+@functools.cache
+def _parameters(function: Callable[..., Any]) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters)
+
+
+def special_token(config: GenerationConfig, which: str) -> torch.Tensor | None:
+    """The tensor HF's `_prepare_special_tokens` set on `config` for `which` ("eos", "pad", "bos"), or None.
+
+    >>> special_token(GenerationConfig(), "eos") is None
+    True
+    """
+    return getattr(config, f"_{which}_token_tensor", None)
 
 
 @functools.cache
@@ -129,7 +200,7 @@ def prepare_lengths(host: ProcessorHost, generation_config: GenerationConfig, *,
     """
 
     def has_default(name: str) -> bool:
-        if _TRANSFORMERS_MAJOR < 5:
+        if names.TRANSFORMERS_MAJOR < 5:
             return options.get(name) is None and getattr(generation_config, name, None) is not None
         return (
             options.get(name) is None

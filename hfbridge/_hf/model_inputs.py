@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from hfbridge._hf.host import _TRANSFORMERS_MAJOR
+from hfbridge._hf.names import TRANSFORMERS_MAJOR as _TRANSFORMERS_MAJOR
 
 __all__ = ["carried_cache", "drops_full_mask", "first_cache", "keep_for_rollback", "keep_logits_name",
            "step_inputs"]

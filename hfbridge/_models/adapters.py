@@ -123,7 +123,7 @@ class ModelAdapter:
         return outputs
 
     def cache(self, state: dict[str, Any]) -> Any:
-        """The cache to return as `past_key_values` in `GenerateDecoderOnlyOutput`, if any."""
+        """The cache to return in `GenerateDecoderOnlyOutput` (`past_key_values`, `cache` since 5.24), if any."""
         return None
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
@@ -309,8 +309,8 @@ class ReturnsCache(ModelAdapter):
     ...     return table[input_ids], seen
     >>> out = generate(ReturnsCache(model), torch.tensor([[1, 2]]), max_new_tokens=3,
     ...                return_dict_in_generate=True)
-    >>> out.sequences.shape, out.past_key_values
-    (torch.Size([1, 5]), 4)
+    >>> out.sequences.shape      # the last cache: out.past_key_values (out.cache on transformers >= 5.24)
+    torch.Size([1, 5])
     """
 
     def __init__(self, model: Callable[..., Any], *,

@@ -21,11 +21,12 @@ overridden `ModelAdapter.reorder_cache` / `ModelAdapter.crop`).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from hfbridge._hf.caches import crop_hf_cache, is_hf_cache
 
 
 class CacheTypeError(TypeError):
@@ -55,20 +56,12 @@ def reorder_cache(cache: Any, beam_idx: torch.Tensor, *, where: str = "cache") -
     """
     if cache is None:
         return None
-    if _is_hf_cache(cache):
+    if is_hf_cache(cache):
         # As HF's own beam search: the Cache object reorders itself. It assigns new tensors to its
         # layers (index_select), so no tensor that was handed out before is changed.
         cache.reorder_cache(beam_idx)
         return cache
     return _reorder_nest(cache, beam_idx, rows=beam_idx.shape[0], path=where)
-
-
-def _is_hf_cache(cache: Any) -> bool:
-    try:
-        from transformers.cache_utils import Cache
-    except ImportError:  # pragma: no cover - every supported transformers has it
-        return False
-    return isinstance(cache, Cache)
 
 
 def _reorder_nest(value: Any, beam_idx: torch.Tensor, rows: int | None, path: str) -> Any:
@@ -129,7 +122,7 @@ def crop_cache(cache: Any, length: int, *, cached: int | None = None, where: str
 def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
     if item is None:
         return None
-    if _is_hf_cache(item):
+    if is_hf_cache(item):
         crop_hf_cache(item, length)
         return item
     if isinstance(item, torch.Tensor):
@@ -160,17 +153,3 @@ def _crop_tensor(tensor: torch.Tensor, length: int, cached: int | None, where: s
     if tensor.shape[-2] <= length:
         return tensor
     return tensor[..., :length, :]
-
-
-def crop_hf_cache(cache: Any, length: int) -> None:
-    """Crop an HF `Cache` in place to `length` positions, whichever `crop` convention it has.
-
-    transformers 4.x's `crop(max_length)` takes the length to keep; 5.x's `crop(tokens_to_remove)`
-    takes minus the number of positions to drop (and trims sliding-window layers even for 0).
-    """
-    held = int(cache.get_seq_length())
-    parameters = inspect.signature(cache.crop).parameters
-    if "tokens_to_remove" in parameters:
-        cache.crop(-max(held - length, 0))
-    elif held > length:
-        cache.crop(length)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hfbridge._hf.names import ALL_CACHE_NAMES
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.cache import CacheTypeError
 from hfbridge._models.cache import crop_cache as _crop
@@ -53,9 +54,10 @@ class Hooks(ModelAdapter):
             with an error naming the entry.
         crop_state: `(state, length) -> state`, for assisted and prompt-lookup decoding: forget
             every position from `length` on (the rejected draft tokens); `prepare_inputs` then
-            feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` (an HF `Cache`
-            or tensors `(..., seq, dim)`, see `crop_cache`); a state that carries anything else
-            from update_state (a cache under another key, a counter) needs this hook.
+            feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` (or
+            `state["cache"]`, HF's name since transformers 5.24): an HF `Cache` or tensors
+            `(..., seq, dim)`, see `crop_cache`; a state that carries anything else from
+            update_state (a cache under another key, a counter) needs this hook.
 
     >>> import torch
     >>> from hfbridge import Hooks, generate
@@ -122,8 +124,8 @@ class Hooks(ModelAdapter):
     def check_crop(self, state: dict[str, Any]) -> None:
         if self.crop_state is not None:
             return
-        others = [key for key in self.carried(state) if key != "past_key_values"]
-        if others or "past_key_values" not in state:
+        others = [key for key in self.carried(state) if key not in ALL_CACHE_NAMES]
+        if others or not any(name in state for name in ALL_CACHE_NAMES):
             what = (f"this Hooks state carries {', '.join(f'`{key}`' for key in others)} (set by update_state), "
                     "which hfbridge cannot roll back by itself (it crops only `past_key_values`)") if others \
                 else "this Hooks state has no `past_key_values` entry to crop"
@@ -141,8 +143,8 @@ class Hooks(ModelAdapter):
             return new_state
         self.check_crop(state)
         # `cached`: the positions the model has seen, so that a cache laid out another way fails here, by name
-        return {**state, "past_key_values": _crop(state["past_key_values"], length, cached=self._fed,
-                                                  where="state['past_key_values']")}
+        return {**state, **{name: _crop(state[name], length, cached=self._fed, where=f"state[{name!r}]")
+                            for name in ALL_CACHE_NAMES if name in state}}
 
     def check_inputs(self, names: list[str]) -> None:
         for name in names:

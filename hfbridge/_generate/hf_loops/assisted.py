@@ -20,8 +20,7 @@ True
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, cast
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -30,7 +29,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hfbridge._generate.call import progress_bar as _progress_bar
 from hfbridge._generate.hf_loops.assisted_hosts import DraftHost, TargetHost
 from hfbridge._generate.hf_loops.host import StepProcessors
-from hfbridge._hf.host import _TRANSFORMERS_MAJOR
+from hfbridge._hf import names
+from hfbridge._hf.loops import lookup_screens_candidates, run_assisted_decoding
+from hfbridge._hf.outputs import with_cache
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute
 from hfbridge._models.choose import as_adapter
 from hfbridge._step.layout import Layout
@@ -70,7 +71,7 @@ def generate_assisted(adapter: ModelAdapter, call: Any, *, assistant_model: Any,
         if bar is not None:
             bar.close()
     if isinstance(result, GenerateDecoderOnlyOutput):
-        result.past_key_values = adapter.cache(host.state)
+        return with_cache(result, adapter.cache(host.state))
     return result
 
 
@@ -177,35 +178,18 @@ def assisted_decode(adapter: ModelAdapter, *, sequences: torch.Tensor, mask: tor
     host.probe_vocab = lambda: _probe_vocab(adapter, sequences, mask, model_inputs, layout)  # only after an error
     if vocab_size is not None:
         host.config.vocab_size = vocab_size
-    elif config.prompt_lookup_num_tokens is not None and len(processors) > 0 and _lookup_screens_candidates():
+    elif config.prompt_lookup_num_tokens is not None and len(processors) > 0 and lookup_screens_candidates():
         host.config.vocab_size = _probe_vocab(adapter, sequences, mask, model_inputs, layout)
     else:
         host.config.vocab_size = int(sequences.max()) + 1  # wide enough to index any prompt token; see below
-    model_kwargs: dict[str, Any] = {"use_cache": True, "past_key_values": host.cache_handle, **model_inputs}
-    if _TRANSFORMERS_MAJOR < 5 or bool((mask == 0).any()):
+    model_kwargs: dict[str, Any] = {"use_cache": True, names.LOOP_CACHE: host.cache_handle, **model_inputs}
+    if names.TRANSFORMERS_MAJOR < 5 or bool((mask == 0).any()):
         # transformers 5's generate drops an all-ones mask; its assistant then infers one from the pad id
         model_kwargs["attention_mask"] = mask
-    loop = cast(Any, host)._assisted_decoding
-    parameters = inspect.signature(loop).parameters
-    kwargs: dict[str, Any] = {"logits_processor": processors, "stopping_criteria": criteria,
-                              "generation_config": config, "synced_gpus": False, "streamer": streamer}
-    if "candidate_generator" in parameters:  # transformers 4.x: generate() builds it, with the user's processors
-        kwargs["candidate_generator"] = host._get_candidate_generator(
-            generation_config=config, input_ids=sequences, inputs_tensor=sequences, assistant_model=assistant_host,
-            logits_processor=user_processors, target_tokenizer=None, assistant_tokenizer=None,
-            model_kwargs=model_kwargs)
-    else:
-        kwargs.update(inputs_tensor=sequences, assistant_model=assistant_host, assistant_tokenizer=None,
-                      tokenizer=None)
-    result = loop(sequences, **kwargs, **model_kwargs)
+    result = run_assisted_decoding(host, sequences, processors=processors, user_processors=user_processors,
+                                   criteria=criteria, config=config, streamer=streamer, assistant=assistant_host,
+                                   model_kwargs=model_kwargs)
     return result, host
-
-
-def _lookup_screens_candidates() -> bool:
-    """Whether the installed prompt lookup drops candidates its logits processors forbid (transformers 5)."""
-    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
-
-    return "logits_processor" in inspect.signature(PromptLookupCandidateGenerator.__init__).parameters
 
 
 def _probe_vocab(adapter: ModelAdapter, sequences: torch.Tensor, mask: torch.Tensor,

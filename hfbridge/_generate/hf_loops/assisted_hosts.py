@@ -23,14 +23,14 @@ True
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any, cast
 
 import torch
 from einops import rearrange
-from transformers import GenerationConfig, LogitsProcessorList, PretrainedConfig
-from transformers.cache_utils import DynamicCache
-from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers import GenerationConfig, LogitsProcessorList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hfbridge._generate.call import decode as _decode
@@ -38,14 +38,19 @@ from hfbridge._generate.call import prepare as _prepare
 from hfbridge._generate.hf_loops.host import LoopHost
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
 from hfbridge._generate.options import GenerateOptions
-from hfbridge._hf.host import _TRANSFORMERS_MAJOR
+from hfbridge._hf import names
+from hfbridge._hf.caches import CacheBase
+from hfbridge._hf.contracts import check_crop_amount, check_cropped, check_handed_back
+from hfbridge._hf.host import AssistantStandIn, fresh_config
+from hfbridge._hf.loops import candidate_generator, is_prompt_lookup, prepare_prompt_lookup
+from hfbridge._hf.outputs import decoder_output, model_output
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._models.callables import checked_state
 from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits
 
 
-class Rollback(DynamicCache):
+class Rollback(CacheBase):
     """A model's cache as HF's assisted loop sees it: its length and `crop`, delegated to `owner`.
 
     `owner` (a `TargetHost` or a `DraftState`) has `fed`, the positions the model holds, and
@@ -64,11 +69,9 @@ class Rollback(DynamicCache):
         """transformers 5 asks caches to keep sliding-window states for rollback; the adapter's crop decides."""
 
     def crop(self, amount: int) -> None:
-        if _TRANSFORMERS_MAJOR >= 5:  # crop(tokens_to_remove <= 0)
-            length = self.owner.fed + amount
-        else:  # crop(max_length), or crop(-tokens_to_remove)
-            length = amount if amount >= 0 else self.owner.fed + amount
-        self.owner.crop(max(length, 0))
+        amount = int(amount)  # 5.17's loop passes a 0-d tensor (its loop has read the matches already)
+        check_crop_amount(amount)
+        self.owner.crop(names.crop_keeps(self.owner.fed, amount))  # 4.x: a length; 5.x: minus the removed
 
 
 def fed_logits(logits: torch.Tensor, *, layout: Any, vocab_size: int | None, rows: int, fed: int,
@@ -102,12 +105,6 @@ def fed_logits(logits: torch.Tensor, *, layout: Any, vocab_size: int | None, row
     return full.float()
 
 
-def _fresh_config() -> PretrainedConfig:
-    config = PretrainedConfig()
-    config.is_encoder_decoder = False
-    return config
-
-
 class TargetHost(LoopHost):
     """The target model as HF's `_assisted_decoding` sees it: a `LoopHost` whose calls return every
     fed position's logits, with a cache HF can crop.
@@ -122,8 +119,9 @@ class TargetHost(LoopHost):
     def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, device: torch.device):
         super().__init__(adapter, state, sampler, prompts=1, rows_per_prompt=1, rows_name="num_return_sequences",
                          device=device)
-        self.config = _fresh_config()  # a private one: HF's prompt lookup reads `vocab_size` from it
+        self.config = fresh_config()  # a private one: HF's prompt lookup reads `vocab_size` from it
         self.cache_handle = cast(Any, Rollback(self))  # in place of LoopHost's, which only reorders
+        self.seen: torch.Tensor | None = None  # the ids of the last call (`contracts.check_cropped`)
         self.lookup: Any = None  # HF's prompt-lookup generator, when that is the strategy
         self.draft: DraftHost | None = None  # the assistant, when a draft model is the strategy
         self.probe_vocab: Callable[[], int] | None = None  # the target's logits width from a call on the prompt
@@ -138,7 +136,10 @@ class TargetHost(LoopHost):
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **ignored: Any) -> CausalLMOutputWithPast:
         """One model call: the tokens the model has not seen in, `(1, fed, vocab)` float32 logits out."""
+        check_cropped(role="target", kept=self.fed, seen=self.seen, input_ids=input_ids,
+                      output_name=names.OUTPUT_CACHE)
         step, fed = self.step, input_ids.shape[1] - self.fed
+        self.seen = input_ids
         self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
             input_ids.shape)
         try:
@@ -157,7 +158,7 @@ class TargetHost(LoopHost):
         self._check_vocab(logits, input_ids, step)
         self.fed = input_ids.shape[1]
         self.step += 1
-        return CausalLMOutputWithPast(logits=logits, past_key_values=cast(Any, self.cache_handle))
+        return model_output(logits=logits, cache=self.cache_handle)
 
     def _check_vocab(self, logits: torch.Tensor, input_ids: torch.Tensor, step: int) -> None:
         if self.vocab is None:
@@ -169,7 +170,7 @@ class TargetHost(LoopHost):
                 f"but {self.vocab} at step 0; the vocabulary size must stay the same."
             )
         if self.lookup is not None:
-            self.lookup.vocab_size = self.vocab
+            prepare_prompt_lookup(self.lookup, device=self.device, vocab=self.vocab)
         self._check_draft_vocab()
 
     def _check_draft_vocab(self, error: Exception | None = None) -> None:
@@ -197,14 +198,10 @@ class TargetHost(LoopHost):
         ) from error
 
     def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
-        generator: Any = GenerationMixin._get_candidate_generator(cast(Any, self), *args, **kwargs)  # HF's choice
-        if hasattr(generator, "num_output_tokens"):  # prompt lookup
+        generator: Any = candidate_generator(self, *args, **kwargs)  # HF's choice
+        if is_prompt_lookup(generator):
             self.lookup = generator
-            if getattr(generator, "eos_token_id", 0) is None:
-                # transformers 4.x's lookup fails on `isin(ids, None)`; no eos id matches nothing
-                generator.eos_token_id = torch.empty(0, dtype=torch.long, device=self.device)
-            if self.vocab is not None:
-                generator.vocab_size = self.vocab
+            prepare_prompt_lookup(generator, device=self.device, vocab=self.vocab)
         return generator
 
 
@@ -214,6 +211,7 @@ class DraftState:
     def __init__(self, adapter: ModelAdapter, state: dict[str, Any]):
         self.adapter, self.state = adapter, state
         self.fed = 0
+        self.seen: torch.Tensor | None = None  # the sequence of the last draft
 
     def crop(self, length: int) -> None:
         if length < self.fed:
@@ -229,7 +227,7 @@ def cropped(adapter: ModelAdapter, state: dict[str, Any], length: int, where: st
         raise TypeError(f"generate(): {where}, rolling back rejected draft tokens: {error}") from None
 
 
-class DraftHost:
+class DraftHost(AssistantStandIn):
     """The draft model as HF's `AssistedCandidateGenerator` sees it: a `generate` that is hfbridge's.
 
     Args:
@@ -245,30 +243,38 @@ class DraftHost:
         self.adapter = adapter
         self.device = device
         self.generation_config = generation_config
-        self.config = _fresh_config()
+        self.config = fresh_config()
         self.layout, self.vocab_size = layout, vocab_size
         self.vocab: int | None = None  # logits width, once it has drafted
-
-    def _supports_logits_to_keep(self) -> bool:
-        return False
-
-    def _supports_num_logits_to_keep(self) -> bool:
-        return False
+        self.drafts = 0  # generate calls so far
 
     def generate(self, input_ids: torch.Tensor, *, generation_config: GenerationConfig,
                  logits_processor: Any = None, min_new_tokens: int | None = None, max_new_tokens: int | None = None,
-                 attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
-                 use_cache: Any = None, **model_inputs: Any) -> GenerateDecoderOnlyOutput:
-        """Draft up to `max_new_tokens` tokens after `input_ids` `(1, seq)`, as HF's `generate` would."""
-        options: dict[str, Any] = {"max_new_tokens": max_new_tokens, **model_inputs}
+                 attention_mask: torch.Tensor | None = None, use_cache: Any = None,
+                 **model_inputs: Any) -> GenerateDecoderOnlyOutput:
+        """Draft up to `max_new_tokens` tokens after `input_ids` `(1, seq)`, as HF's `generate` would.
+
+        HF passes the draft's cache from the previous draft as `names.LOOP_CACHE` (checked: a release
+        that hands it back under another name raises instead of drafting from a stale cache).
+        """
+        cache = model_inputs.pop(names.LOOP_CACHE, None)
+        stray = [name for name, value in model_inputs.items() if isinstance(value, Rollback)]
+        check_handed_back(drafts=self.drafts, handed_back=isinstance(cache, Rollback), stray=stray,
+                          cache_name=names.LOOP_CACHE)
+        self.drafts += 1
+        # the lengths go into the config, not beside it (HF 5.x deprecates a config together with options)
+        config = copy.deepcopy(generation_config)
+        config.max_new_tokens = max_new_tokens
         if min_new_tokens:
-            options["min_new_tokens"] = min_new_tokens
+            config.min_new_tokens = min_new_tokens
         call = _prepare(self.adapter, input_ids, GenerateOptions(
-            attention_mask=attention_mask, generation_config=generation_config,
+            attention_mask=attention_mask, generation_config=config,
             processors=LogitsProcessorList(logits_processor or []), layout=self.layout, vocab_size=self.vocab_size,
-            kwargs=options))
-        if isinstance(past_key_values, Rollback):  # resume where the last draft stopped (HF cropped it)
-            draft = past_key_values.owner
+            kwargs=dict(model_inputs)))
+        if isinstance(cache, Rollback):  # resume where the last draft stopped (HF cropped it)
+            draft = cache.owner
+            check_cropped(role="assistant", kept=draft.fed, seen=draft.seen, input_ids=input_ids,
+                          output_name=names.OUTPUT_CACHE)
             call.state = draft.state
         else:
             draft = DraftState(self.adapter, call.state)
@@ -282,6 +288,5 @@ class DraftHost:
             self.vocab = call.scores[0].shape[-1]
         draft.state = call.state
         draft.fed = call.sequences.shape[1] - 1  # the last drafted token was never fed
-        return GenerateDecoderOnlyOutput(sequences=cast(torch.LongTensor, call.sequences), scores=call.scores,
-                                         logits=None, attentions=None, hidden_states=None,
-                                         past_key_values=Rollback(draft))
+        draft.seen = call.sequences
+        return decoder_output(sequences=call.sequences, scores=call.scores, cache=Rollback(draft))

@@ -15,16 +15,15 @@ tensor([[ 1,  2, 13,  9,  3, 11]])
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import inspect
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
-from transformers.generation.utils import GenerationMixin
 
 from hfbridge._generate.hf_loops.host import LoopHost, StepProcessors
+from hfbridge._hf.host import special_token
+from hfbridge._hf.loops import run_beam_search
+from hfbridge._hf.outputs import with_cache
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.option_checks import check_strategy_options
 
@@ -62,31 +61,21 @@ def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mas
     is finished (`synced_gpus`); the host feeds the last token again on those calls.
 
     Returns what HF's loop returns: the sequences `(prompts * num_return_sequences, seq')`, or a
-    `GenerateBeamDecoderOnlyOutput` whose `past_key_values` is the adapter's cache.
+    `GenerateBeamDecoderOnlyOutput` whose cache (`past_key_values`, `cache` since 5.24) is the adapter's.
     """
     # Any: HF types the loop's `self` as a PreTrainedModel, which the host stands in for
     # HF keeps max(2, 1 + eos tokens) candidates per beam; with a smaller vocabulary its topk fails in torch
-    eos = config._eos_token_tensor
+    eos = special_token(config, "eos")
     candidates = max(2, 1 + (0 if eos is None else int(eos.numel())))
     why = f"beam search keeps {candidates} candidates per beam (2, or 1 + the number of eos tokens)"
     host: Any = LoopHost(adapter, state, sampler, prompts=prompts, rows_per_prompt=config.num_beams,
                          rows_name="num_beams", device=input_ids.device, on_step=on_step,
                          min_vocab=(candidates, why), lockstep=synced)
-    model_kwargs = host.model_kwargs(attention_mask)
-    processors = StepProcessors(sampler.processors, host)
-    if "beam_scorer" in inspect.signature(GenerationMixin._beam_search).parameters:
-        # transformers 4.x: `generate` builds the scorer; these are its arguments there.
-        scorer = importlib.import_module("transformers").BeamSearchScorer(
-            batch_size=prompts, num_beams=config.num_beams, device=input_ids.device,
-            length_penalty=config.length_penalty, do_early_stopping=config.early_stopping,
-            num_beam_hyps_to_keep=config.num_return_sequences, max_length=config.max_length,
-        )
-        result = host._beam_search(input_ids, scorer, logits_processor=processors, stopping_criteria=criteria,
-                                   generation_config=config, synced_gpus=synced, **model_kwargs)
-    else:
-        result = host._beam_search(input_ids, logits_processor=processors, stopping_criteria=criteria,
-                                   generation_config=config, synced_gpus=synced, **model_kwargs)
+    host.prefill_early(input_ids, attention_mask)  # HF's loop reads config.vocab_size before its first call
+    result = run_beam_search(host, input_ids, processors=StepProcessors(sampler.processors, host), criteria=criteria,
+                             config=config, synced=synced, prompts=prompts,
+                             model_kwargs=host.model_kwargs(attention_mask))
     if isinstance(result, torch.Tensor):
         return result
-    # HF puts its `past_key_values` (here the host's handle) in the output; users want their cache.
-    return dataclasses.replace(result, past_key_values=adapter.cache(host.state))
+    # HF puts its cache (here the host's handle) in the output; users want their model's cache.
+    return with_cache(result, adapter.cache(host.state))

@@ -14,8 +14,11 @@ wrong number of rows, NaN, or a vocabulary that changes size raise a `ValueError
 
 For other strategies (assist): build a `LoopHost(adapter, call, rows_per_prompt=...)`, start with
 `host.model_kwargs()` and call the HF loop on the host; the adapter's state lives in
-`host.state`, and `host.cache_handle` is what HF sees as `past_key_values` (reorder via the
-adapter's `reorder_cache`; crop will go beside it).
+`host.state`, and `host.cache_handle` is what HF sees as its cache (`model_kwargs[names.LOOP_CACHE]`:
+`past_key_values`, or `cache` since transformers 5.24), reordered via the adapter's `reorder_cache`.
+Before every model call after the first, the host checks that HF's beam loop reordered that handle
+once since the call before (`contracts.check_reordered`): a release that stops doing so (as 5.24 did
+for a cache under its old name) raises instead of continuing beams from the wrong cache rows.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
-from hfbridge._hf.host import ProcessorHost
+from hfbridge._hf import names
+from hfbridge._hf.contracts import TransformersContractError, check_reordered
+from hfbridge._hf.host import ProcessorHost, fresh_config
+from hfbridge._hf.outputs import model_output
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._models.callables import checked_state
 from hfbridge._step.layout import Layout
@@ -37,7 +43,7 @@ from hfbridge._step.sampler import Sampler, extract_logits
 
 
 class AdapterCache:
-    """What HF's loops see as `past_key_values`: the adapter's state, reordered through the adapter.
+    """What HF's loops see as the model's cache: the adapter's state, reordered through the adapter.
 
     HF calls `reorder_cache(beam_idx)` on the cache object after every beam search step (5.x, and
     4.x for non-tuple caches); here that reorders whatever the adapter carries.
@@ -45,9 +51,11 @@ class AdapterCache:
 
     def __init__(self, host: LoopHost):
         self._host = host
+        self.reorders = 0  # since the last model call (`contracts.check_reordered`)
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
         host = self._host
+        self.reorders += 1
         try:
             host.state = checked_state(host.adapter.reorder_cache(host.state, beam_idx), host.adapter, "reorder_cache")
         except AdapterTypeError as error:
@@ -110,6 +118,7 @@ class LoopHost(ProcessorHost):
                  on_step: Callable[[], Any] | None = None, min_vocab: tuple[int, str] = (1, ""),
                  lockstep: bool = False):
         super().__init__(device=device)
+        self.config = fresh_config()  # its own: `prefill_early` sets its vocab_size
         self.adapter = adapter
         self.state = state
         self.sampler = sampler
@@ -123,6 +132,18 @@ class LoopHost(ProcessorHost):
         self.fed = 0  # tokens of the sequence the model has seen
         self.vocab: int | None = None
         self.cache_handle = AdapterCache(self)
+        self.early: tuple[torch.Size, CausalLMOutputWithPast] | None = None  # see `prefill_early`
+
+    def prefill_early(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        """Make the prompt's model call now, so that `config.vocab_size` is known before HF's loop starts.
+
+        transformers 4.50 to 5.x's beam loop reads `config.vocab_size` before its first model call; a
+        callable has no config, so the width of the logits is read from this call, whose output is
+        returned to HF's first call of the loop (the same prompt) instead of calling the model twice.
+        """
+        output = self(input_ids=input_ids, attention_mask=attention_mask)
+        self.config.vocab_size = int(output.logits.shape[-1])  # type: ignore[union-attr]
+        self.early = (input_ids.shape, output)
 
     def model_kwargs(self, attention_mask: torch.Tensor) -> dict[str, Any]:
         """The `**model_kwargs` to start an HF loop with: the mask, and `use_cache` (5.x reads it)."""
@@ -136,7 +157,19 @@ class LoopHost(ProcessorHost):
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **ignored: Any) -> CausalLMOutputWithPast:
         """One model call through the adapter: `(rows, seq)` ids in, checked logits `(rows, 1, vocab)` out."""
+        if self.early is not None:
+            shape, output = self.early
+            self.early = None
+            if input_ids.shape == shape:  # HF's first call: the prompt, already run by `prefill_early`
+                return output
+            raise TransformersContractError(
+                "beam-first-call", f"its first model call had ids of shape {tuple(input_ids.shape)}, but the prompt "
+                                   f"(already run to read the vocabulary size) has {tuple(shape)}")
         step = self.step
+        extra = self.lockstep and attention_mask is not None and attention_mask.shape[1] > input_ids.shape[1]
+        if not extra:  # synced_gpus: HF's loop calls a finished rank's model without reordering
+            check_reordered(step=step, reorders=self.cache_handle.reorders, cache_name=names.LOOP_CACHE)
+        self.cache_handle.reorders = 0
         if attention_mask is not None:
             self.state["attention_mask"] = attention_mask
             if self.lockstep and attention_mask.shape[1] > input_ids.shape[1]:
@@ -150,12 +183,12 @@ class LoopHost(ProcessorHost):
         self.step += 1
         if self.on_step is not None:
             self.on_step()
-        return CausalLMOutputWithPast(logits=rows[:, None, :])  # [N, 1, V]
+        return model_output(logits=rows[:, None, :])  # [N, 1, V]
 
     def _update_model_kwargs_for_generation(self, outputs: Any, model_kwargs: dict[str, Any],
                                             is_encoder_decoder: bool = False, num_new_tokens: int = 1,
                                             **ignored: Any) -> dict[str, Any]:
-        model_kwargs["past_key_values"] = self.cache_handle
+        model_kwargs[names.LOOP_CACHE] = self.cache_handle
         mask = model_kwargs.get("attention_mask")
         if mask is not None:
             model_kwargs["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], num_new_tokens))], dim=-1)

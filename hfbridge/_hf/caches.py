@@ -1,0 +1,48 @@
+"""transformers' `Cache` classes: what hfbridge asks of them, by version.
+
+`is_hf_cache` (an instance of `transformers.cache_utils.Cache`), `crop_hf_cache` (`Cache.crop`:
+`crop(max_length)` in 4.x, `crop(tokens_to_remove)` with minus the number of positions in 5.x) and
+`CacheBase`, the `DynamicCache` the assisted hosts hand to HF's loop (4.x checks
+`isinstance(cache, DynamicCache)` before it crops).
+
+>>> import torch
+>>> from transformers.cache_utils import DynamicCache
+>>> is_hf_cache(DynamicCache()), is_hf_cache((torch.zeros(1),))
+(True, False)
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+from transformers.cache_utils import Cache, DynamicCache
+
+__all__ = ["CacheBase", "crop_hf_cache", "is_hf_cache"]
+
+CacheBase = DynamicCache
+
+
+def is_hf_cache(cache: Any) -> bool:
+    """Whether `cache` is one of transformers' `Cache` objects (which reorder and crop themselves)."""
+    return isinstance(cache, Cache)
+
+
+def crop_hf_cache(cache: Any, length: int) -> None:
+    """Crop an HF `Cache` in place to `length` positions, whichever `crop` convention it has.
+
+    transformers 4.x's `crop(max_length)` takes the length to keep; 5.x's `crop(tokens_to_remove)`
+    takes minus the number of positions to drop (and trims sliding-window layers even for 0).
+    """
+    held = int(cache.get_seq_length())
+    kind: Any = type(cache)
+    if "tokens_to_remove" in _crop_parameters(kind):
+        cache.crop(-max(held - length, 0))
+    elif held > length:
+        cache.crop(length)
+
+
+@functools.cache
+def _crop_parameters(kind: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(kind.crop).parameters)
