@@ -196,9 +196,16 @@ def test_hooks_carried_counter_and_inputs_are_kept():
 def test_hooks_crop_refuses_a_cache_under_another_key_before_a_wrong_token():
     core = _core()
     with pytest.raises(TypeError) as error:
-        generate(_cache_hooks(core, "cache"), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6)
-    assert "this Hooks state carries `cache` (set by update_state), which hfbridge cannot roll back by itself (it " \
+        generate(_cache_hooks(core, "kv"), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6)
+    assert "this Hooks state carries `kv` (set by update_state), which hfbridge cannot roll back by itself (it " \
            "crops only `past_key_values`); pass Hooks(..., crop_state=lambda state, length: ...)" in str(error.value)
+
+
+def test_hooks_crop_takes_the_cache_under_either_of_hfs_names():
+    # `cache` is transformers' own name for it since 5.24: cropped like `past_key_values`, checked by its layout
+    core = _core()
+    options = dict(prompt_lookup_num_tokens=2, max_new_tokens=6)
+    assert torch.equal(generate(_cache_hooks(core, "cache"), PROMPT, **options), _expected(core, **options))
 
 
 def test_hooks_crop_of_a_cache_laid_out_another_way_is_named():
