@@ -17,17 +17,18 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._step.build_processors import make_generation_config, processors_for_config
 from hfbridge._step.guidance import checked_unconditional
-from hfbridge._step.inputs import check_not_meta, extract_logits, keeps_ids_intact
-from hfbridge._step.layout import Layout, LayoutLike, from_rows, rows_of
+from hfbridge._step.inputs import extract_logits, keeps_ids_intact
+from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
 from hfbridge._step.processor_list import CheckedProcessorList, processor_name
-from hfbridge._step.routes import greedy_choice, ids_outside
+from hfbridge._step.routes import greedy_choice
 from hfbridge._step.row_errors import invalid_rows_error
+from hfbridge._step.sampler_inputs import StepInputs
 
 
-class Sampler:
+class Sampler(StepInputs):
     """HF's decoding step built once and applied to many steps.
 
     Args:
@@ -188,43 +189,6 @@ class Sampler:
         # check=True: a call on its own has no later host read to fold the fast path's flag into
         return from_rows(self.next_tokens(ids, view, check=True), batch_shape)
 
-    def prepare(self, logits: Any, input_ids: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
-        """Check a step's arguments and flatten them: `(rows, ids, batch_shape)`.
-
-        `rows` is the last-position `(rows, vocab)` view of the caller's logits (padded vocabulary
-        dropped; read it, never write it), `ids` a private `(rows, seq)` int64 copy of
-        `input_ids` (not copied when no processor could write them), and `batch_shape` the layout's
-        batch axes (`from_rows` restores them).
-        """
-        logits = extract_logits(logits)
-        self._check_generator(logits.device)
-        check_not_meta(logits)
-        layout = self.layout_of(logits)
-        layout.check(logits)
-        batch_shape = layout.batch_shape(logits)
-        view = self._last_rows(logits, layout)  # [N, V], the caller's memory
-        return view, self.input_rows(input_ids, view, batch_shape=batch_shape), batch_shape
-
-    def layout_of(self, logits: torch.Tensor) -> Layout:
-        """The sampler's layout, or the default one for `logits.ndim` (parsed once per sampler)."""
-        if isinstance(self.layout, Layout):
-            return self.layout
-        layout = self._layouts.get(logits.ndim)
-        if layout is None:
-            layout = Layout.for_tensor(logits, self.layout)
-            self._layouts[logits.ndim] = layout
-        return layout
-
-    def last_rows(self, logits: torch.Tensor) -> torch.Tensor:
-        """The last-position `(rows, vocab)` logits, padded vocabulary dropped: a view, no copy.
-
-        Raises `ValueError` for a layout that does not fit, or too few columns for `vocab_size`.
-        """
-        layout = self.layout_of(logits)
-        layout.check(logits)
-        return self._last_rows(logits, layout)
-
     def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, *,
                     check: bool | None = None) -> torch.Tensor:
         """`(rows,)` next tokens from `(rows, vocab)` logits and `(rows, seq)` ids (see `input_rows`).
@@ -306,94 +270,10 @@ class Sampler:
         scores = result.final_scores()  # [N, V] HF's processed scores; invalid rows keep their cause
         self._raise_bad_rows(~result.valid, raw, scores)  # exact mode's own error (`_row_errors`)
 
-    def rows(self, logits: Any) -> torch.Tensor:
-        """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.
-
-        Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
-        """
-        logits = extract_logits(logits)
-        check_not_meta(logits)
-        rows = self._float_copy(self.last_rows(logits))
-        if self.generation_config.remove_invalid_values:
-            return rows  # HF's InfNanRemoveLogitsProcessor turns NaN into 0: the processed scores are checked
-        bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
-        if bool(bad.any()):
-            self._raise_bad_rows(bad, rows, rows)
-        return rows
-
-    def _last_rows(self, logits: torch.Tensor, layout: Layout) -> torch.Tensor:
-        if layout.axes == ("b", "t", "v"):
-            rows = logits.select(1, -1)  # [N, V_padded]: `to_rows` for the common layout, without einops' overhead
-        elif layout.axes == ("b", "v"):
-            rows = logits
-        else:
-            rows = layout.to_rows(logits)  # [N, V_padded], a view where possible
-        columns = rows.shape[-1]
-        if self.vocab_size is None:
-            return rows
-        if self.vocab_size > columns:
-            raise ValueError(
-                f"`vocab_size`={self.vocab_size} but the logits have only {columns} vocabulary columns "
-                f"(shape {tuple(logits.shape)})."
-            )
-        return rows[:, : self.vocab_size]
-
-    @staticmethod
-    def _float_copy(rows: torch.Tensor) -> torch.Tensor:
-        # float32 as HF upcasts; copy=True so that in-place processors never reach the caller's tensor.
-        return rows.to(dtype=torch.float32, copy=True)
-
     def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
         """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""
         names = [processor_name(p) for p in self._processors]
         raise invalid_rows_error(raw, scores, sampling=self.do_sample, processor_names=names, bad=bad)
-
-    def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
-                   *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        """`input_ids` as `(rows, seq)` int64 (a private copy where needed), checked against the logits rows.
-
-        When no processor could write them (none, or only HF's own option-built processors:
-        `_step_inputs.keeps_ids_intact`), they are not copied (a view of `input_ids` when already int64).
-
-        Args:
-            input_ids: `(*batch, seq)` token ids, or None (no context: an empty `(rows, 0)` tensor).
-            rows: The `(rows, vocab)` scores from `rows()` (or just the number of rows).
-            batch_shape: The logits' batch shape; default `(rows,)`, or `()` for 1-D `input_ids`.
-        """
-        n_rows = rows if isinstance(rows, int) else rows.shape[0]
-        vocab = None if isinstance(rows, int) else rows.shape[1]
-        if vocab is not None and vocab != self._vocab_checked:
-            self._check_vocab(vocab)
-        device = self._device if isinstance(rows, int) else rows.device
-        if input_ids is None:
-            return torch.empty((n_rows, 0), dtype=torch.long, device=device)
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"`input_ids` must be a tensor of token ids, got {type(input_ids).__name__}.")
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise TypeError(f"`input_ids` must hold integer token ids, got dtype {input_ids.dtype}.")
-        if batch_shape is None:
-            batch_shape = () if input_ids.ndim == 1 and n_rows == 1 else (n_rows,)
-        if tuple(input_ids.shape[:-1]) != tuple(batch_shape) or input_ids.ndim != len(batch_shape) + 1:
-            raise ValueError(
-                f"`input_ids` of shape {tuple(input_ids.shape)} do not match the logits: expected "
-                f"{tuple(batch_shape) + ('seq',)} (logits batch {tuple(batch_shape)}, {n_rows} rows), "
-                f"got batch {tuple(input_ids.shape[:-1])}."
-            )
-        if input_ids.device != device:
-            raise ValueError(
-                f"`input_ids` are on {input_ids.device} but the logits are on {device}; move one of them."
-            )
-        # [N, T]: a private copy for processors that might write them (user code); none for HF's own
-        ids = rows_of(input_ids, tuple(batch_shape))
-        if self._ids_copied or ids.dtype != torch.long:  # else no `to`: even a no-op is a dispatched call
-            ids = ids.to(dtype=torch.long, copy=self._ids_copied)
-        if vocab is not None and ids.numel() and ids_outside(ids, vocab):  # one pass, one host read
-            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
-            raise ValueError(
-                f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
-                f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size})."
-            )
-        return ids
 
     @property
     def _one_generator(self) -> torch.Generator | None:
