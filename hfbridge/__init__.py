@@ -22,7 +22,7 @@ from hfbridge._views.explain_generation import GenerationTrace, TokenStep, expla
 from hfbridge._views.explain_step import StepTrace, explain_step
 from hfbridge._views.streamers import NotebookStreamer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "GenerationTrace",

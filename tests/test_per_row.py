@@ -241,3 +241,12 @@ def test_a_row_with_nothing_to_choose_is_named_with_greedy_rows_beside(fast):
     y[0] = float("-inf")  # a greedy row without a finite score
     with pytest.raises(ValueError, match="row 0"):
         sample_step(y, temperature=[0.0, 0.7, 0.9], fast=fast)
+
+
+def test_xtc_refuses_a_list_of_per_row_generators():
+    # XTC draws one coin per row from one generator: per-row generators would silently fall back otherwise
+    logits = torch.randn(2, 10, generator=torch.Generator().manual_seed(0))
+    generators = [torch.Generator().manual_seed(i) for i in range(2)]
+    with pytest.raises(ValueError, match=r"`xtc_probability` draws one coin per row from one `generator`; a list of "
+                                         r"per-row generators is not supported with XTC yet"):
+        sample_step(logits, None, do_sample=True, xtc_probability=0.5, xtc_threshold=0.1, generator=generators)
