@@ -17,15 +17,14 @@ TypeError: `do_sample` must be a bool (True or False), got str 'False'.
 from __future__ import annotations
 
 import difflib
-import math
-import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
 
-__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_options", "check_token_ids_in_vocab",
-           "did_you_mean", "token_id_options"]
+__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_number", "check_options",
+           "check_token_ids_in_vocab", "did_you_mean", "got", "is_int", "token_id_options"]
 
 # Options read as flags: a bool or None.
 _FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_dict_in_generate", "output_scores",
@@ -55,23 +54,10 @@ CHECKED_OPTIONS = (*_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_
                    "sequence_bias", "exponential_decay_length_penalty", "stop_strings", "watermarking_config")
 
 
-def check_flag(name: str, value: Any, *, optional: bool = True) -> None:
-    """`TypeError` unless `value` is a bool (or None when `optional`).
-
-    >>> check_flag("fast", "no")
-    Traceback (most recent call last):
-    ...
-    TypeError: `fast` must be a bool (True or False), got str 'no'.
-    """
-    if (value is None and optional) or isinstance(value, bool):
-        return
-    raise TypeError(f"`{name}` must be a bool (True or False), got {_got(value)}.")
-
-
 def check_count(name: str, value: Any, minimum: int | None) -> None:
     """`TypeError` unless `value` is an int (not a bool), `ValueError` when it is below `minimum`."""
-    if not _is_int(value):
-        raise TypeError(f"`{name}` must be an int{'' if minimum is None else f' >= {minimum}'}, got {_got(value)}.")
+    if not is_int(value):
+        raise TypeError(f"`{name}` must be an int{'' if minimum is None else f' >= {minimum}'}, got {got(value)}.")
     if minimum is not None and value < minimum:
         raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
 
@@ -90,7 +76,7 @@ def check_options(options: Mapping[str, Any]) -> None:
         elif name in _COUNTS:
             check_count(name, value, _COUNTS[name])
         elif name in _NUMBERS:
-            _check_number(name, value, positive=name in _POSITIVE)
+            check_number(name, value, positive=name in _POSITIVE)
         elif name in _ONE_ID:
             _check_id(name, value)
         elif name in _ONE_OR_MORE_IDS:
@@ -127,7 +113,7 @@ def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
             pairs += [(name, int(token)) for sequence, _ in items for token in sequence]
         elif name == "bad_words_ids":
             pairs += [(name, int(token)) for sequence in value for token in sequence]
-        elif _is_int(value):
+        elif is_int(value):
             pairs.append((name, int(value)))
         else:
             pairs += [(name, int(token)) for token in _as_list(value)]
@@ -171,27 +157,9 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str:
     return f" Did you mean `{by_lower[close[0]]}`?" if close else ""
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _got(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def _check_number(name: str, value: Any, *, positive: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`{name}` must be a number, got {_got(value)}.")
-    if not math.isfinite(value):
-        raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
-    if positive and value <= 0:
-        raise ValueError(f"`{name}` must be a number > 0, got {value!r}.")
-
-
 def _check_id(name: str, value: Any) -> None:
-    if not _is_int(value):
-        raise TypeError(f"`{name}` must be a token id (an int), got {_got(value)}.")
+    if not is_int(value):
+        raise TypeError(f"`{name}` must be a token id (an int), got {got(value)}.")
     if value < 0:
         raise ValueError(f"`{name}` must be a token id >= 0, got {value!r}.")
 
@@ -203,11 +171,11 @@ def _as_list(value: Any) -> list:
 
 
 def _check_ids(name: str, value: Any, *, allow_single: bool) -> None:
-    if allow_single and _is_int(value):
+    if allow_single and is_int(value):
         return _check_id(name, value)
     if not isinstance(value, (list, tuple)) and not hasattr(value, "tolist"):
         expected = "a token id or a non-empty list of them" if allow_single else "a list of token ids"
-        raise TypeError(f"`{name}` must be {expected}, got {_got(value)}.")
+        raise TypeError(f"`{name}` must be {expected}, got {got(value)}.")
     items = _as_list(value)
     if allow_single and not items:
         raise ValueError(f"`{name}` is an empty list; pass at least one token id, or None for no {name}.")
@@ -218,10 +186,10 @@ def _check_ids(name: str, value: Any, *, allow_single: bool) -> None:
 
 def _check_id_sequences(name: str, value: Any) -> None:
     if not isinstance(value, (list, tuple)) or not value:
-        raise TypeError(f"`{name}` must be a non-empty list of lists of token ids, got {_got(value)}.")
+        raise TypeError(f"`{name}` must be a non-empty list of lists of token ids, got {got(value)}.")
     for index, sequence in enumerate(value):
         if not isinstance(sequence, (list, tuple)) or not sequence:
-            raise TypeError(f"`{name}[{index}]` must be a non-empty list of token ids, got {_got(sequence)}.")
+            raise TypeError(f"`{name}[{index}]` must be a non-empty list of token ids, got {got(sequence)}.")
         for position, item in enumerate(sequence):
             _check_id(f"{name}[{index}][{position}]", item)
 
@@ -231,34 +199,34 @@ def _check_sequence_bias(value: Any) -> None:
     # inf biases pass it and turn scores into NaN.
     items = value.items() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else None
     if items is None:
-        raise TypeError(f"`sequence_bias` must be a dict {{(token ids): bias}}, got {_got(value)}.")
+        raise TypeError(f"`sequence_bias` must be a dict {{(token ids): bias}}, got {got(value)}.")
     for entry in items:
         if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-            raise TypeError(f"`sequence_bias` entries must be (token ids, bias) pairs, got {_got(entry)}.")
+            raise TypeError(f"`sequence_bias` entries must be (token ids, bias) pairs, got {got(entry)}.")
         sequence, bias = entry
         if not isinstance(sequence, (list, tuple)) or not sequence:
-            raise TypeError(f"`sequence_bias` keys must be non-empty tuples of token ids, got {_got(sequence)}.")
+            raise TypeError(f"`sequence_bias` keys must be non-empty tuples of token ids, got {got(sequence)}.")
         for item in sequence:
             _check_id("sequence_bias", item)
-        _check_number(f"sequence_bias[{tuple(sequence)}]", bias, positive=False)
+        check_number(f"sequence_bias[{tuple(sequence)}]", bias, positive=False)
 
 
 def _check_decay(value: Any) -> None:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise TypeError(
-            f"`exponential_decay_length_penalty` must be a (start_index, decay_factor) pair, got {_got(value)}."
+            f"`exponential_decay_length_penalty` must be a (start_index, decay_factor) pair, got {got(value)}."
         )
     check_count("exponential_decay_length_penalty[0] (start_index)", value[0], 0)
-    _check_number("exponential_decay_length_penalty[1] (decay_factor)", value[1], positive=True)
+    check_number("exponential_decay_length_penalty[1] (decay_factor)", value[1], positive=True)
 
 
 def _check_stop_strings(value: Any) -> None:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
-        raise TypeError(f"`stop_strings` must be a string or a non-empty list of strings, got {_got(value)}.")
+        raise TypeError(f"`stop_strings` must be a string or a non-empty list of strings, got {got(value)}.")
     for index, item in enumerate(items):
         if not isinstance(item, str) or not item:
-            raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {_got(item)}.")
+            raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {got(item)}.")
 
 
 # ---- the options of beam search and assisted / prompt-lookup decoding (issue 17) ----
@@ -270,7 +238,7 @@ _SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 
 def _check_real(name: str, value: Any, low: float | None = None, high: float | None = None) -> None:
     """A finite real (not a bool) in `[low, high]`."""
-    _check_number(name, value, positive=False)
+    check_number(name, value, positive=False)
     if (low is not None and value < low) or (high is not None and value > high):
         expected = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"`{name}` must be a number {expected}, got {value!r}.")
@@ -278,12 +246,12 @@ def _check_real(name: str, value: Any, low: float | None = None, high: float | N
 
 def _check_early_stopping(name: str, value: Any) -> None:
     if not (isinstance(value, bool) or (value == "never" and isinstance(value, str))):
-        raise TypeError(f"`{name}` must be True, False or \"never\", got {_got(value)}.")
+        raise TypeError(f"`{name}` must be True, False or \"never\", got {got(value)}.")
 
 
 def _check_schedule(name: str, value: Any) -> None:
     if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be one of {list(_SCHEDULES)}, got {_got(value)}.")
+        raise TypeError(f"`{name}` must be one of {list(_SCHEDULES)}, got {got(value)}.")
     if value not in _SCHEDULES:
         raise ValueError(f"`{name}` must be one of {list(_SCHEDULES)}, got {value!r}.")
 
@@ -327,4 +295,4 @@ def check_tokenizer(tokenizer: Any, name: str = "tokenizer") -> None:
         return
     hint = (f"; load it first: AutoTokenizer.from_pretrained({tokenizer!r})" if isinstance(tokenizer, str)
             else " (a transformers tokenizer, e.g. AutoTokenizer.from_pretrained(...))")
-    raise TypeError(f"`{name}` must be a tokenizer object with a .decode method, got {_got(tokenizer)}{hint}.")
+    raise TypeError(f"`{name}` must be a tokenizer object with a .decode method, got {got(tokenizer)}{hint}.")

@@ -46,6 +46,7 @@ import torch
 from transformers import GenerationConfig
 
 from hfbridge._step.build_processors import _check_values as check_values
+from hfbridge._step.value_checks import got
 
 __all__ = ["PER_ROW_OPTIONS", "PerRowProcessor", "PerRowTemperature", "PerRowValues", "RowPlan", "split_per_row"]
 
@@ -119,8 +120,7 @@ def _checked_values(name: str, value: Any) -> tuple:
     for row, item in enumerate(value):
         label = f"`{name}[{row}]` (row {row})"
         if isinstance(item, bool) or not isinstance(item, numbers.Integral if is_int else numbers.Real):
-            text = repr(item) if len(repr(item)) <= 40 else repr(item)[:37] + "..."
-            raise TypeError(f"{label} must be {'an int' if is_int else 'a number'}, got {type(item).__name__} {text}.")
+            raise TypeError(f"{label} must be {'an int' if is_int else 'a number'}, got {got(item)}.")
         if not math.isfinite(item):
             raise ValueError(f"{label} must be a finite number, got {item!r}.")
         if name == "temperature" and item < 0:

@@ -19,28 +19,19 @@ scores it receives. So the processor sits where the installed version puts it, a
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 from typing import Any
 
 import torch
 from transformers import LogitsProcessor, SynthIDTextWatermarkingConfig, WatermarkingConfig
 
+from hfbridge._step.value_checks import check_flag, check_number, got, is_int
+
 __all__ = ["VocabularyWatermark", "check_watermarking_config", "deferred", "is_synthid"]
 
 
-def _got(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> None:
-    if not _is_int(value):
-        raise TypeError(f"`watermarking_config.{name}` must be an int, got {_got(value)}.")
+    if not is_int(value):
+        raise TypeError(f"`watermarking_config.{name}` must be an int, got {got(value)}.")
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         low = "" if minimum is None else f">= {minimum}"
         high = "" if maximum is None else f"<= {maximum}"
@@ -49,15 +40,11 @@ def _int(name: str, value: Any, minimum: int | None = None, maximum: int | None 
 
 
 def _real(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"`watermarking_config.{name}` must be a number, got {_got(value)}.")
-    if not math.isfinite(value):
-        raise ValueError(f"`watermarking_config.{name}` must be a finite number, got {value!r}.")
+    check_number(f"watermarking_config.{name}", value, positive=False)
 
 
 def _flag(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"`watermarking_config.{name}` must be a bool (True or False), got {_got(value)}.")
+    check_flag(f"watermarking_config.{name}", value, optional=False)
 
 
 def check_watermarking_config(value: Any) -> None:
@@ -100,7 +87,7 @@ def _check_green_list(config: WatermarkingConfig) -> None:
     _int("hashing_key", config.hashing_key)
     if config.seeding_scheme not in ("lefthash", "selfhash"):
         raise ValueError(f"`watermarking_config.seeding_scheme` must be 'lefthash' or 'selfhash', "
-                         f"got {_got(config.seeding_scheme)}.")
+                         f"got {got(config.seeding_scheme)}.")
     _int("context_width", config.context_width, minimum=1)
 
 
@@ -108,10 +95,10 @@ def _check_synthid(config: SynthIDTextWatermarkingConfig) -> None:
     keys = config.keys
     if not isinstance(keys, (list, tuple)) or not keys:
         raise TypeError(f"`watermarking_config.keys` must be a non-empty list of int keys (one per depth), "
-                        f"got {_got(keys)}.")
+                        f"got {got(keys)}.")
     for index, key in enumerate(keys):
-        if not _is_int(key):
-            raise TypeError(f"`watermarking_config.keys[{index}]` must be an int, got {_got(key)}.")
+        if not is_int(key):
+            raise TypeError(f"`watermarking_config.keys[{index}]` must be an int, got {got(key)}.")
     _int("ngram_len", config.ngram_len, minimum=2)
     _int("context_history_size", config.context_history_size, minimum=1)
     _int("sampling_table_seed", config.sampling_table_seed)
