@@ -23,20 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import StoppingCriteriaList
 
 from hfbridge._generate.finished import FinishedRows, InvalidRows
+from hfbridge._generate.prepared import Call as _Call
 from hfbridge._hf.host import special_token
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._step.processor_list import BadProcessorOutput
 from hfbridge._step.routes import greedy_choice
 from hfbridge._step.sampler import Sampler, extract_logits
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hfbridge._generate.call import Call as _Call
 
 _NEG_INF = float("-inf")
 
@@ -106,6 +104,8 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
         if vocab is None:
             vocab = view.shape[1]
             at_step(step, lambda: sampler.input_rows(call.sequences, view))  # prompt ids within the vocabulary
+            if call.unconditional is not None:  # and the negative prompt's, before guidance feeds it
+                at_step(step, lambda: call.unconditional.check_vocab(vocab, sampler.vocab_size))
         elif view.shape[1] != vocab:
             raise ValueError(
                 f"generate(): at step {step} the model returned logits with {view.shape[1]} vocabulary columns, "
