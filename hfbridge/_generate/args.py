@@ -29,7 +29,8 @@ from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_flag, check_options, check_tokenizer, did_you_mean
 from hfbridge._step.per_row_draw import check_generators
 
-__all__ = ["check_carried_options", "check_config", "check_input_ids", "checked_arguments", "has_default_max_length", "split_kwargs"]
+__all__ = ["check_carried_options", "check_config", "check_input_ids", "checked_arguments", "has_default_max_length",
+           "split_kwargs"]
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
 _PARAMETERS = option_names()
@@ -150,10 +151,10 @@ def check_carried_options(config: GenerationConfig | None, *, where: str) -> Non
     there (`mirostat=1`) would otherwise be used, or ignored, silently. Errors name the option and
     `where` it was set.
 
-    >>> check_carried_options(GenerationConfig(mirostat=1), where="in the model's `generation_config`")
+    >>> check_carried_options(GenerationConfig(top_n_sigma=-1.0), where="in the model's `generation_config`")
     Traceback (most recent call last):
     ...
-    ValueError: `mirostat` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got 1 (in the model's `generation_config`).
+    ValueError: `top_n_sigma` must be > 0.0, got -1.0 (in the model's `generation_config`).
     """
     if config is None:
         return

@@ -176,9 +176,8 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
     generator list has one per row. The community samplers' per-row values (on `config`) are expanded
     in place the same way; a strategy without per-row values refuses both kinds alike."""
     rows = batch * expand
-    community = {name: _row_values(getattr(config, name, None)) for name in COMMUNITY_OPTIONS
-                 if name not in _NOT_PER_ROW}
-    community = {name: values for name, values in community.items() if values is not None}
+    found = {name: _row_values(getattr(config, name, None)) for name in COMMUNITY_OPTIONS if name not in _NOT_PER_ROW}
+    community = {name: values for name, values in found.items() if values is not None}
     if not strategy.per_row and (per_row is not None or community or isinstance(generator, (list, tuple))):
         name = next(iter(per_row.values)) if per_row is not None else next(iter(community), None)
         what = f"`{name}` per row" if name is not None else "a list of generators"

@@ -11,7 +11,7 @@ call and returns what `generate` returns.
 | `greedy_search`, `sample` | `run_loop`: hfbridge's own loop (`loop.py`) | yes | `check_every`, `synced_gpus` |
 | `beam_search`, `beam_sample` | `run_beam`: HF's `_beam_search` (`hf_loops/beam.py`) | no | `synced_gpus` |
 | `assisted_generation` | `run_assisted`: HF's `_assisted_decoding`, draft or lookup (`hf_loops/assisted.py`) | no | - |
-| `group_beam_search`, `constrained_beam_search`, `dola_generation`, `contrastive_search` | refused: moved out of HF's core | | |
+| `group_beam_search`, `constrained_beam_search`, `dola_generation`, `contrastive_search` | refused (HF's Hub) | | |
 
 A new strategy is one runner and one row here.
 

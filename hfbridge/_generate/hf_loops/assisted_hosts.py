@@ -46,8 +46,8 @@ from hfbridge._hf.loops import candidate_generator, is_prompt_lookup, prepare_pr
 from hfbridge._hf.outputs import decoder_output, model_output
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._models.callables import checked_state
-from hfbridge._step.layout import Layout
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits
 from hfbridge._step.stateful_members import stateful_members
 
@@ -286,7 +286,8 @@ class DraftHost(AssistantStandIn):
         if min_new_tokens:
             config.min_new_tokens = min_new_tokens
         call = _prepare(self.adapter, input_ids, GenerateOptions(
-            attention_mask=attention_mask, generation_config=config, processors=self._processors(logits_processor, config),
+            attention_mask=attention_mask, generation_config=config,
+            processors=self._processors(logits_processor, config),
             layout=self.layout, vocab_size=self.vocab_size, tokenizer=self.tokenizer, kwargs=dict(model_inputs)))
         if isinstance(cache, Rollback):  # resume where the last draft stopped (HF cropped it)
             draft = cache.owner
@@ -328,7 +329,7 @@ class DraftHost(AssistantStandIn):
             if any(processor is one for one in stateful):
                 try:
                     processor = copy.deepcopy(processor)  # the target's state now, moved by this draft only
-                except Exception:  # noqa: BLE001 - cannot be copied: the draft proposes without it
+                except Exception:
                     continue
             result.append(processor)
         return result
