@@ -128,6 +128,7 @@ class TargetHost(LoopHost):
         super().__init__(adapter, state, sampler, prompts=1, rows_per_prompt=1, rows_name="num_return_sequences",
                          device=device)
         self.prompt_length = prompt_length
+        self.accepted: int | None = None  # the accepted sequence's length, as the last round began
         self.config = fresh_config()  # a private one: HF's prompt lookup reads `vocab_size` from it
         self.cache_handle = cast(Any, Rollback(self))  # in place of LoopHost's, which only reorders
         self.seen: torch.Tensor | None = None  # the ids of the last call (`contracts.check_cropped`)
@@ -150,9 +151,8 @@ class TargetHost(LoopHost):
         step, fed = self.step, input_ids.shape[1] - self.fed
         self.seen = input_ids
         if self.stateful:  # the accepted sequence: the prompt, then one token past what the model holds
-            accepted = self.prompt_length if step == 0 else self.fed + 1
-            self.stateful.rollback(torch.full((input_ids.shape[0],), accepted, dtype=torch.long,
-                                              device=input_ids.device))
+            self._rollback(self.accepted if self.accepted is not None else
+                           self.prompt_length if step == 0 else self.fed + 1)
         self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
             input_ids.shape)
         try:
@@ -210,11 +210,24 @@ class TargetHost(LoopHost):
             f"{why} (pass vocab_size= to drop padded columns)."
         ) from error
 
+    def _rollback(self, length: int) -> None:
+        """Stateful processors back to a sequence of `length` tokens (the one batch row)."""
+        self.stateful.rollback(torch.full((1,), length, dtype=torch.long, device=self.device))
+
     def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
         generator: Any = candidate_generator(self, *args, **kwargs)  # HF's choice
         if is_prompt_lookup(generator):
             self.lookup = generator
             prepare_prompt_lookup(generator, device=self.device, vocab=self.vocab)
+        if self.stateful:  # each round starts from the accepted sequence HF hands the candidate generator
+            get_candidates = generator.get_candidates
+
+            def from_accepted(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                self.accepted = input_ids.shape[1]
+                self._rollback(self.accepted)  # HF's prompt lookup screens candidates with the processors
+                return get_candidates(input_ids, *args, **kwargs)
+
+            generator.get_candidates = from_accepted
         return generator
 
 
