@@ -4,9 +4,8 @@ Entry points: `generate.generate` (the call), `options` (its keywords as one obj
 checks), `call` (the call's preparation), `prepared` (the prepared `Call`), `modes` (which mode a
 config selects, a row of the table), `strategies` (the table: mode -> its row, runner and checks),
 `stateful_calls` (reset, reorder, rollback of stateful processors), `loop` (the one-token loop),
-`finished` (finished rows,
-one host read a step), `lockstep` (`synced_gpus`), `output` (HF's output objects),
-`transition_scores`; `hf_loops/` hosts HF's own beam and assisted loops.
+`finished` (finished rows, one host read a step), `lockstep` (`synced_gpus`), `output` (HF's
+output objects), `transition_scores`; `hf_loops/` hosts HF's own beam and assisted loops.
 Imports: `hfbridge._step`, `hfbridge._models`, `hfbridge._hf`; never `_views`.
 
 >>> import torch
