@@ -329,3 +329,24 @@ def test_a_generation_config_with_keyword_options_is_hfs_merge():
                     repetition_penalty=1.3)
     assert torch.equal(ours, theirs)
     assert config.top_k == 4  # never modified
+
+
+# ------------------------------------------------------------------------------------------
+# The loop's attention mask: one column longer a step, each one the model saw left as it was
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("new", [5, 300])  # past the first buffer of the growing mask too
+def test_the_masks_the_model_saw_are_never_changed(new):
+    seen = []
+
+    def model(input_ids, attention_mask):
+        seen.append((attention_mask, attention_mask.clone()))
+        return TABLE[input_ids]
+
+    prompts = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    out = generate(Recompute(model), prompts, attention_mask=mask, max_new_tokens=new, pad_token_id=0)
+    assert out.shape == (2, 3 + new)
+    for step, (given, copy_then) in enumerate(seen):
+        assert torch.equal(given, copy_then)
+        assert given.tolist() == [[0] + [1] * (2 + step), [1] * (3 + step)]
