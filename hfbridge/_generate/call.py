@@ -211,4 +211,6 @@ def _row_values(value: Any) -> tuple | None:
         return tuple(value.tolist()) if value.ndim == 1 else None  # read once, when the call is prepared
     if isinstance(value, (list, tuple)):
         return tuple(value)
+    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):  # a numpy array
+        return tuple(value.tolist())
     return None

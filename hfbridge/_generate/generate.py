@@ -276,6 +276,8 @@ def _hf_names(processors: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, A
         return processors, kwargs
     kwargs = dict(kwargs)
     alias = kwargs.pop("logits_processor")
+    if alias is None:
+        return processors, kwargs
     if processors is not None:
         raise TypeError("generate() got both `processors=` and `logits_processor=` (HF's name for the same "
                         "argument); pass your logits processors once.")

@@ -270,6 +270,8 @@ def test_logits_processor_is_processors():
     by_hf_name = generate(Counting(), prompt, max_new_tokens=6, logits_processor=[_boost])
     assert torch.equal(by_hf_name, generate(Counting(), prompt, max_new_tokens=6, processors=[_boost]))
     assert not torch.equal(by_hf_name, generate(Counting(), prompt, max_new_tokens=6))
+    assert torch.equal(by_hf_name, generate(Counting(), prompt, max_new_tokens=6, processors=[_boost],
+                                            logits_processor=None))  # HF's default, not a second list
     model = Counting()
     with pytest.raises(TypeError) as caught:
         generate(model, prompt, max_new_tokens=3, processors=[_boost], logits_processor=[_boost])
