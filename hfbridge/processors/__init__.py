@@ -25,9 +25,11 @@ value or one value per row for each numeric parameter. Semantics follow llama.cp
 [[False, False, True]]
 """
 
+from hfbridge.processors.adaptive_p import AdaptivePLogitsWarper
 from hfbridge.processors.dry import DRYLogitsProcessor
 from hfbridge.processors.dynamic_temperature import DynamicTemperatureLogitsWarper
 from hfbridge.processors.mirostat import MirostatLogitsWarper
+from hfbridge.processors.mirostat_v1 import MirostatV1LogitsWarper
 from hfbridge.processors.thinking_budget import ThinkingBudgetLogitsProcessor
 from hfbridge.processors.penalties import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors.smoothing import SmoothingLogitsWarper
@@ -35,9 +37,11 @@ from hfbridge.processors.top_n_sigma import TopNSigmaLogitsWarper
 from hfbridge.processors.xtc import XTCLogitsWarper
 
 __all__ = [
+    "AdaptivePLogitsWarper",
     "DRYLogitsProcessor",
     "DynamicTemperatureLogitsWarper",
     "MirostatLogitsWarper",
+    "MirostatV1LogitsWarper",
     "PresenceFrequencyPenaltyLogitsProcessor",
     "SmoothingLogitsWarper",
     "TopNSigmaLogitsWarper",
