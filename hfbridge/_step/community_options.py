@@ -65,7 +65,8 @@ def _rows(**bounds: Any) -> Callable[[str, Any], None]:
 
 def _mirostat(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), got {described(value)}.")
+        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), "
+                        f"got {described(value)}.")
     if value not in (0, 1, 2):
         raise ValueError(f"`{name}` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {value!r}.")
 

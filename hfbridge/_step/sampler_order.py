@@ -10,7 +10,8 @@ processors that do that sampler's work in the chain hfbridge builds:
 | `penalties` | HF's `RepetitionPenaltyLogitsProcessor`, `PresenceFrequencyPenaltyLogitsProcessor` |
 | `dry` | `DRYLogitsProcessor` |
 | `top_n_sigma` | `TopNSigmaLogitsWarper` |
-| `top_k`, `typ_p`, `top_p`, `min_p` | HF's `TopKLogitsWarper`, `TypicalLogitsWarper`, `TopPLogitsWarper`, `MinPLogitsWarper` |
+| `top_k`, `typ_p` | HF's `TopKLogitsWarper`, `TypicalLogitsWarper` |
+| `top_p`, `min_p` | HF's `TopPLogitsWarper`, `MinPLogitsWarper` |
 | `xtc` | `XTCLogitsWarper` |
 | `temperature` | HF's `TemperatureLogitsWarper`, or `DynamicTemperatureLogitsWarper` (`dynatemp_range`) |
 | `adaptive_p` | `AdaptivePLogitsWarper` (llama.cpp always runs it last: it must be the last name) |
@@ -26,10 +27,10 @@ order with `mirostat` (llama.cpp ignores the order then).
 
 >>> parse_order("top_k;temperature;min-p")
 ('top_k', 'temperature', 'min_p')
->>> parse_order(["top_k", "topk"])
+>>> parse_order(["top_k", "top-k"])
 Traceback (most recent call last):
 ...
-ValueError: `sampler_order[1]` is 'topk', not one of llama.cpp's sampler names; did you mean 'top_k'? Names: adaptive_p, dry, min_p, penalties, temperature, top_k, top_n_sigma, top_p, typ_p, xtc.
+ValueError: `sampler_order` names 'top_k' twice (at 0 and 1): each sampler runs once.
 """
 
 from __future__ import annotations

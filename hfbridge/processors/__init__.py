@@ -30,9 +30,9 @@ from hfbridge.processors.dry import DRYLogitsProcessor
 from hfbridge.processors.dynamic_temperature import DynamicTemperatureLogitsWarper
 from hfbridge.processors.mirostat import MirostatLogitsWarper
 from hfbridge.processors.mirostat_v1 import MirostatV1LogitsWarper
-from hfbridge.processors.thinking_budget import ThinkingBudgetLogitsProcessor
 from hfbridge.processors.penalties import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors.smoothing import SmoothingLogitsWarper
+from hfbridge.processors.thinking_budget import ThinkingBudgetLogitsProcessor
 from hfbridge.processors.top_n_sigma import TopNSigmaLogitsWarper
 from hfbridge.processors.xtc import XTCLogitsWarper
 
@@ -44,7 +44,7 @@ __all__ = [
     "MirostatV1LogitsWarper",
     "PresenceFrequencyPenaltyLogitsProcessor",
     "SmoothingLogitsWarper",
-    "TopNSigmaLogitsWarper",
     "ThinkingBudgetLogitsProcessor",
+    "TopNSigmaLogitsWarper",
     "XTCLogitsWarper",
 ]

@@ -123,9 +123,9 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
         advanced = _advance(found.before, input_ids[:, -1], budget, start, end, len(self._forced), complete)
         state = torch.where(found.repeat[:, None], found.at, torch.where(found.previous[:, None], advanced, fresh))
         history.record(input_ids, found, state)
-        phase, position = state[:, 0], state[:, 4]
+        phase, forced_at = state[:, 0], state[:, 4]
         self.phase = phase
-        token = forced[position.clamp(max=len(self._forced) - 1)]  # [B] the token to force now
+        token = forced[forced_at.clamp(max=len(self._forced) - 1)]  # [B] the token to force now
         remove = (phase == FORCING)[:, None] & (torch.arange(vocab, device=device) != token[:, None])  # [B, V]
         return scores.masked_fill(remove, -float("inf"))
 

@@ -9,12 +9,12 @@ import random
 
 import pytest
 import torch
+from _host_reads import HostReads
 from transformers import LogitsProcessorList
 
 from hfbridge import Recompute, build_processors, generate, sample_step
 from hfbridge.processors import MirostatV1LogitsWarper
 
-from _host_reads import HostReads
 from _tiny_models import model_cache, recompute_callable
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")

@@ -9,12 +9,12 @@ import random
 
 import pytest
 import torch
+from _host_reads import HostReads
 from transformers import LogitsProcessorList
 
 from hfbridge import Recompute, generate, sample_step
 from hfbridge.processors import ThinkingBudgetLogitsProcessor
 
-from _host_reads import HostReads
 from _tiny_models import model_cache, recompute_callable
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
@@ -290,7 +290,7 @@ def test_no_host_reads_and_input_untouched():
     scores = torch.randn(2, V)
     before = scores.clone()
     with HostReads() as reads:
-        for token in range(4):
+        for _ in range(4):
             ids = torch.cat([ids, torch.full((2, 1), 3)], 1)
             budget(ids, scores)
     assert reads.count == 0, reads.ops
