@@ -343,3 +343,19 @@ def test_options_with_a_tokenizer_and_greedy():
     ids = torch.tensor([[start]])
     # budget 0 with the prompt opening the span: the end tag at once, in greedy too
     assert sample_step(logits, ids, thinking_budget=0, tokenizer=tokenizer).tolist() == [end]
+
+
+def test_hf_assisted_decoding_follows_the_rows_through_rejections():
+    # greedy assisted decoding returns greedy decoding's tokens; the budget's state must survive the drafts
+    # transformers rejects (a call at a length it saw before, with another token at the last position)
+    hf, draft = _model("llama"), _model("gpt2")
+    prompt = torch.tensor([[5, 9, 13, 2, 7, 21]])
+
+    def budget():
+        return LogitsProcessorList([ThinkingBudgetLogitsProcessor(3, [21], [30, 31], [40])])
+
+    plain = hf.generate(prompt, max_new_tokens=14, do_sample=False, logits_processor=budget())
+    assisted = hf.generate(prompt, max_new_tokens=14, do_sample=False, logits_processor=budget(),
+                           assistant_model=draft, num_assistant_tokens=4)
+    assert torch.equal(assisted, plain)
+    assert plain[0, 9:12].tolist() == [40, 30, 31]
