@@ -104,12 +104,15 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         average = torch.where(total_weight == 0, target, 2 * target - weighted_sum / total_weight)
         adapted = average.clamp(0.0, 1.0)[:, None]  # [B, 1]
         p = scores.softmax(-1)  # [B, V]
-        distance = ((p - adapted) / _WIDTH).abs_()
-        new = _PEAK - _SHARPNESS * distance * distance / (1 + distance)
         removed = scores == -torch.inf
-        new = new.masked_fill_(removed, -torch.inf)
+        distance = (p - adapted).abs_().mul_(1 / _WIDTH)  # d = |p - a| / 0.3
+        new = distance.square()
+        new = new.div_(distance.add_(1.0)).mul_(-_SHARPNESS).add_(_PEAK).masked_fill_(removed, -torch.inf)
+        if self.target.all(lambda t: t >= 0):  # every row on (host values, no read)
+            self._probs = p.masked_fill_(removed, torch.nan)  # NaN: a token this warper removed
+            return new
         on = (target >= 0)[:, None]  # [B, 1]
-        self._probs = torch.where(removed | ~on, torch.nan, p)
+        self._probs = p.masked_fill_(removed | ~on, torch.nan)
         return torch.where(on, new, scores)
 
     def __repr__(self) -> str:

@@ -125,9 +125,10 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
         history.record(input_ids, found, state)
         phase, forced_at = state[:, 0], state[:, 4]
         self.phase = phase
-        token = forced[forced_at.clamp(max=len(self._forced) - 1)]  # [B] the token to force now
-        remove = (phase == FORCING)[:, None] & (torch.arange(vocab, device=device) != token[:, None])  # [B, V]
-        return scores.masked_fill(remove, -float("inf"))
+        token = forced[forced_at.clamp(max=len(self._forced) - 1)][:, None]  # [B, 1] the token to force now
+        # forcing rows: every score -inf, then the forced token's own score back (other rows: their own back)
+        out = scores.masked_fill((phase == FORCING)[:, None], -torch.inf)
+        return out.scatter_(1, token, scores.gather(1, token))
 
     def _arm(self, ids: torch.Tensor, budget: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """`(rows, 5)` the state of rows whose `ids` are a prompt: counting if its last start tag is open."""
