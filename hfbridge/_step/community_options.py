@@ -31,6 +31,7 @@ ValueError: `dry_base` must be >= 1.0, got 0.5.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -77,11 +78,11 @@ def _tag(name: str, value: Any, *, empty: bool = False) -> None:
         if not value and not empty:
             raise ValueError(f"`{name}` is an empty string.")
         return
-    if isinstance(value, torch.Tensor) and value.ndim == 1 and not value.is_floating_point() \
-            and value.dtype != torch.bool:
-        value = value.tolist()
+    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
+            ("int", "uint")):
+        value = value.tolist()  # a tensor or numpy array of ids
     if not isinstance(value, (list, tuple)) or not all(
-            isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in value):
+            isinstance(token, numbers.Integral) and not isinstance(token, bool) and int(token) >= 0 for token in value):
         raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
     if not value and not empty:
         raise ValueError(f"`{name}` is empty: give at least one token id.")

@@ -91,7 +91,8 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         fresh = torch.stack([target / (1 - decay), 1 / (1 - decay)], dim=-1)  # [B, 2]
         state = torch.where(found.repeat[:, None], found.at, fresh)
         probs = self._probs
-        if probs is not None and probs.shape[-1] == scores.shape[-1] and probs.device == device:
+        if probs is not None and probs.shape[-1] == scores.shape[-1] and probs.device == device \
+                and input_ids.shape[1]:
             # the token chosen after the last call, with its original probability there (NaN: not ours)
             chosen = probs[found.source].gather(1, input_ids[:, -1:].long().clamp(0, probs.shape[-1] - 1))[:, 0]
             total, weight = found.before.unbind(-1)

@@ -129,7 +129,7 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         mu = torch.where(found.repeat, found.at[:, 0], 2 * tau)
         weights, total = self._weights, self._kept_total
         if weights is not None and total is not None and weights.shape[-1] == scores.shape[-1] \
-                and weights.device == scores.device:
+                and weights.device == scores.device and input_ids.shape[1]:
             chosen = input_ids[:, -1:].long().clamp(0, weights.shape[-1] - 1)  # [B, 1]
             p = (weights[found.source].gather(1, chosen) / total[found.source])[:, 0]  # [B] p'(X), 0 if not kept
             before = found.before[:, 0]

@@ -38,6 +38,7 @@ assisted decoding), which calls none of them. Sync-free. Greedy or sampling alik
 
 from __future__ import annotations
 
+import numbers
 import threading
 import weakref
 from typing import Any
@@ -120,8 +121,10 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
             fresh = self._arm(input_ids[:, :cut], budget, start, end)
             for position in range(cut, input_ids.shape[1]):
                 fresh = _advance(fresh, input_ids[:, position], budget, start, end, len(self._forced), complete)
-        advanced = _advance(found.before, input_ids[:, -1], budget, start, end, len(self._forced), complete)
-        state = torch.where(found.repeat[:, None], found.at, torch.where(found.previous[:, None], advanced, fresh))
+        state = torch.where(found.repeat[:, None], found.at, fresh)
+        if input_ids.shape[1]:  # no tokens (a step without context): nothing to continue
+            advanced = _advance(found.before, input_ids[:, -1], budget, start, end, len(self._forced), complete)
+            state = torch.where(found.previous[:, None], advanced, state)
         history.record(input_ids, found, state)
         phase, forced_at = state[:, 0], state[:, 4]
         self.phase = phase
@@ -232,11 +235,11 @@ def _ids(name: str, value: Any, tokenizer: Any, *, empty: bool = False) -> list[
         if not ids:
             raise ValueError(f"`{name}` {value!r} tokenizes to no tokens.")
         return [int(token) for token in ids]
-    if isinstance(value, torch.Tensor) and value.ndim == 1 and not value.is_floating_point() \
-            and value.dtype != torch.bool:
-        value = value.tolist()  # once, at construction
+    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
+            ("int", "uint")):
+        value = value.tolist()  # a tensor or numpy array of ids, read once at construction
     if not isinstance(value, (list, tuple)) or not all(
-            isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in value):
+            isinstance(token, numbers.Integral) and not isinstance(token, bool) and int(token) >= 0 for token in value):
         raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
     if not value and not empty:
         raise ValueError(f"`{name}` is empty: give at least one token id.")

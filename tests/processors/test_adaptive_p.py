@@ -173,3 +173,11 @@ def test_no_host_reads():
 def test_option_errors_name_the_option(options, error, message):
     with pytest.raises(error, match=message):
         sample_step(torch.zeros(2, 8), torch.tensor([[1], [2]]), top_k=0, **options)
+
+
+def test_a_step_without_context():
+    scores = torch.randn(2, 9)
+    expected = Reference(0.3, 0.9).apply(scores[0].tolist())
+    out = AdaptivePLogitsWarper(0.3)(torch.zeros(2, 0, dtype=torch.long), scores)
+    torch.testing.assert_close(out[0], torch.tensor(expected))
+    assert sample_step(scores, adaptive_target=0.3, top_k=0).shape == (2,)

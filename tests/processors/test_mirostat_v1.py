@@ -166,3 +166,13 @@ def test_no_host_reads():
 def test_option_errors_name_the_option(options, error, message):
     with pytest.raises(error, match=message):
         sample_step(torch.zeros(2, 8), torch.tensor([[1], [2]]), top_k=0, **options)
+
+
+def test_a_step_without_context_and_one_token_vocabularies():
+    scores = torch.randn(2, 9)
+    out = MirostatV1LogitsWarper(2.0)(torch.zeros(2, 0, dtype=torch.long), scores)
+    for row in range(2):
+        kept, _, _ = reference_keep(scores[row].tolist(), 4.0, 100)
+        assert out[row].isfinite().nonzero().flatten().tolist() == kept
+    assert sample_step(scores, mirostat=1, top_k=0).shape == (2,)
+    assert MirostatV1LogitsWarper()(torch.tensor([[0]]), torch.zeros(1, 1)).tolist() == [[0.0]]

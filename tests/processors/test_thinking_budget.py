@@ -359,3 +359,15 @@ def test_hf_assisted_decoding_follows_the_rows_through_rejections():
                            assistant_model=draft, num_assistant_tokens=4)
     assert torch.equal(assisted, plain)
     assert plain[0, 9:12].tolist() == [40, 30, 31]
+
+
+def test_numpy_ids_and_a_step_without_context():
+    import numpy as np
+
+    budget = ThinkingBudgetLogitsProcessor(np.int64(0), np.array([7]), [np.int64(8), 9])
+    assert (budget.start_ids, budget.end_ids, budget.budget.values) == ([7], [8, 9], (0,))
+    assert budget(torch.tensor([[1, 7]]), torch.zeros(1, V)).isfinite().nonzero()[:, 1].tolist() == [8]
+    # no tokens at all (sample_step without input_ids): nothing to count, nothing forced
+    scores = torch.randn(2, V)
+    assert torch.equal(sample_step(scores, thinking_budget=0, thinking_start=np.array([7]), thinking_end=[8]),
+                       scores.argmax(-1))
