@@ -4,10 +4,9 @@ across rows, after `rollback` and `reorder`, with no host read."""
 from __future__ import annotations
 
 import torch
+from _host_reads import HostReads
 
 from hfbridge.processors._row_history import RowHistory
-
-from _host_reads import HostReads
 
 
 def call(history, ids, value, **kwargs):
