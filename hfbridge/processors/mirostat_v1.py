@@ -24,7 +24,8 @@ keeps one token for NaN and every candidate for a `k` beyond them.
 
 Defaults (llama.cpp `common/common.h`, `common/sampling.cpp`): `mirostat_tau = 5.0`,
 `mirostat_eta = 0.1`, `m = 100`. One state per row, following rows by their tokens
-(`_row_history.py`); sync-free (one sort of the scores per call, as llama.cpp's).
+(`_row_history.py`); sync-free and sort-free: a `topk` of `m` for the estimate, and each row's k-th
+best score by a bisection over the scores' bits (llama.cpp sorts the row).
 
 >>> import torch
 >>> warper = MirostatV1LogitsWarper(tau=1.0, eta=0.1)          # mu = 2 tau = 2
@@ -95,12 +96,11 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         tau = self.tau.tensor(rows, device, dtype)
         mu = self._mu(input_ids, tau, scores)  # [B]
         # the Zipf estimate over the best m tokens (llama.cpp's float arithmetic, on sorted probabilities)
-        ordered = scores.sort(dim=-1, descending=True).values  # [B, V]
         pairs = min(self._pairs, vocab - 1)
+        top = scores.topk(pairs + 1, dim=-1).values  # [B, P + 1], sorted
+        best = top[:, :1].clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
         candidates = (scores > -torch.inf).sum(-1)  # [B]
         if pairs > 0:
-            top = ordered[:, :pairs + 1]  # [B, P + 1]
-            best = top[:, :1].clamp(min=torch.finfo(dtype).min)
             p = (top - best).exp() / (scores - best).exp().sum(-1, keepdim=True)  # [B, P + 1] softmax of the best
             i = torch.arange(pairs, device=device, dtype=dtype)
             t = torch.log((i + 2) / (i + 1))  # [P]
@@ -113,11 +113,9 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         k = ((epsilon * torch.exp2(mu)) / (1 - torch.pow(float(vocab), -epsilon))).pow(1 / s_hat)  # [B]
         k = k.double().nan_to_num(nan=1.0).clamp(1.0, float(vocab)).floor().long()  # int(k), at least 1
         k = torch.minimum(k, candidates.clamp(min=1))
-        threshold = ordered.gather(1, (k - 1)[:, None])  # [B, 1] the k-th best score
-        kept = (scores >= threshold) & (scores > -torch.inf)
+        kept = _at_least_kth(scores, k) & (scores > -torch.inf)  # the best k, and every token tied with the k-th
         out = scores.masked_fill(~kept, -torch.inf)
-        top_score = ordered[:, :1].clamp(min=torch.finfo(dtype).min)
-        weights = (out - top_score).exp()  # [B, V], 0 where removed
+        weights = (out - best).exp()  # [B, V], 0 where removed
         self._weights, self._kept_total = weights, weights.sum(-1, keepdim=True)
         self.mu, self.k = mu, k
         return out
@@ -141,3 +139,25 @@ class MirostatV1LogitsWarper(LogitsProcessor):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(tau={self.tau}, eta={self.eta}, m={self.m})"
+
+
+def _at_least_kth(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """`(rows, vocab)` bool: the scores `>=` each row's `k[row]`-th largest (`1 <= k <= vocab`), without a sort.
+
+    float32 scores are read as ordered ints (the sign bit flips the others: integer order is float order,
+    -0.0 first made +0.0), and the k-th largest key is found by bisection over the 2^32 keys: 32 counts of
+    the keys at or above a midpoint, per row at once, no host read. Other dtypes sort.
+    """
+    if scores.dtype != torch.float32:
+        threshold = scores.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        return scores >= threshold
+    bits = (scores + 0.0).view(torch.int32)  # [B, V]; + 0.0 turns -0.0 into +0.0
+    keys = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # order-preserving
+    low = torch.full_like(k, -(2**31))  # count(keys >= low) = V >= k
+    high = torch.full_like(k, 2**31)  # count(keys >= high) = 0 < k
+    for _ in range(32):
+        middle = torch.div(low + high, 2, rounding_mode="floor")
+        enough = (keys >= middle.to(torch.int32)[:, None]).sum(-1) >= k  # [B]
+        low = torch.where(enough, middle, low)
+        high = torch.where(enough, high, middle)
+    return keys >= low.to(torch.int32)[:, None]

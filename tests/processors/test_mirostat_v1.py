@@ -176,3 +176,21 @@ def test_a_step_without_context_and_one_token_vocabularies():
         assert out[row].isfinite().nonzero().flatten().tolist() == kept
     assert sample_step(scores, mirostat=1, top_k=0).shape == (2,)
     assert MirostatV1LogitsWarper()(torch.tensor([[0]]), torch.zeros(1, 1)).tolist() == [[0.0]]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kth_best_by_bisection_equals_a_sort(seed):
+    from hfbridge.processors.mirostat_v1 import _at_least_kth
+
+    torch.manual_seed(seed)
+    rows, vocab = 6, 300
+    scores = torch.randn(rows, vocab) * 10
+    scores[0, :50] = 0.0
+    scores[0, 50:60] = -0.0  # equal to +0.0
+    scores[1, ::3] = NEG_INF
+    scores[2] = scores[2].round()  # many ties
+    scores[3] = -scores[3].abs() - 1e30
+    k = torch.tensor([55, 90, 150, 1, 300, 7])
+    threshold = scores.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+    assert torch.equal(_at_least_kth(scores, k), scores >= threshold)
+    assert torch.equal(_at_least_kth(scores.double(), k), scores.double() >= threshold.double())
