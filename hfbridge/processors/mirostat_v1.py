@@ -25,7 +25,7 @@ keeps one token for NaN and every candidate for a `k` beyond them.
 Defaults (llama.cpp `common/common.h`, `common/sampling.cpp`): `mirostat_tau = 5.0`,
 `mirostat_eta = 0.1`, `m = 100`. One state per row, following rows by their tokens
 (`_row_history.py`); sync-free and sort-free: a `topk` of `m` for the estimate, and each row's k-th
-best score by a bisection over the scores' bits (llama.cpp sorts the row).
+best score by a radix select over the scores' bits (llama.cpp sorts the row).
 
 >>> import torch
 >>> warper = MirostatV1LogitsWarper(tau=1.0, eta=0.1)          # mu = 2 tau = 2
@@ -144,20 +144,31 @@ class MirostatV1LogitsWarper(LogitsProcessor):
 def _at_least_kth(scores: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """`(rows, vocab)` bool: the scores `>=` each row's `k[row]`-th largest (`1 <= k <= vocab`), without a sort.
 
-    float32 scores are read as ordered ints (the sign bit flips the others: integer order is float order,
-    -0.0 first made +0.0), and the k-th largest key is found by bisection over the 2^32 keys: 32 counts of
-    the keys at or above a midpoint, per row at once, no host read. Other dtypes sort.
+    float32 scores are read as ordered ints (the sign bit flips the others, so that integer order is
+    float order; -0.0 first made +0.0), and the k-th largest is found a byte at a time, from the top
+    (a radix select): a histogram of the next byte among the keys that share the bytes found so far,
+    and the bucket where the count from the top reaches `k`. Four histograms, per row at once, no host
+    read; about half the time of a sort on CPU. Other dtypes sort.
     """
     if scores.dtype != torch.float32:
         threshold = scores.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
         return scores >= threshold
+    rows = scores.shape[0]
     bits = (scores + 0.0).view(torch.int32)  # [B, V]; + 0.0 turns -0.0 into +0.0
-    keys = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # order-preserving
-    low = torch.full_like(k, -(2**31))  # count(keys >= low) = V >= k
-    high = torch.full_like(k, 2**31)  # count(keys >= high) = 0 < k
-    for _ in range(32):
-        middle = torch.div(low + high, 2, rounding_mode="floor")
-        enough = (keys >= middle.to(torch.int32)[:, None]).sum(-1) >= k  # [B]
-        low = torch.where(enough, middle, low)
-        high = torch.where(enough, high, middle)
-    return keys >= low.to(torch.int32)[:, None]
+    keys = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed order = float order
+    unsigned = keys ^ torch.iinfo(torch.int32).min  # the same order read as unsigned bits: bytes from the top
+    ones = torch.ones(1, dtype=torch.long, device=scores.device).expand(*scores.shape)
+    remaining = k  # [B] the rank still to find among the keys that share the prefix
+    prefix = torch.zeros_like(k)  # [B] the k-th key's bytes found so far
+    for shift in (24, 16, 8, 0):
+        digit = (unsigned >> shift) & 255  # [B, V]
+        if shift != 24:  # keys off the prefix go to bucket 256
+            high = (unsigned >> (shift + 8)) & ((1 << (24 - shift)) - 1)
+            digit = torch.where(high == prefix.to(torch.int32)[:, None], digit, 256)
+        counts = torch.zeros(rows, 257, dtype=torch.long, device=scores.device).scatter_add_(1, digit.long(), ones)
+        at_or_above = counts[:, :256].flip(-1).cumsum(-1).flip(-1)  # [B, 256] keys with this byte or a higher one
+        byte = (at_or_above >= remaining[:, None]).sum(-1) - 1  # [B] the highest byte reaching the rank
+        above = at_or_above.gather(1, (byte + 1).clamp(max=255)[:, None])[:, 0]
+        remaining = remaining - torch.where(byte < 255, above, 0)
+        prefix = prefix * 256 + byte
+    return keys >= (prefix - 2**31).to(torch.int32)[:, None]  # back to the signed key

@@ -179,7 +179,7 @@ def test_a_step_without_context_and_one_token_vocabularies():
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_kth_best_by_bisection_equals_a_sort(seed):
+def test_kth_best_by_radix_select_equals_a_sort(seed):
     from hfbridge.processors.mirostat_v1 import _at_least_kth
 
     torch.manual_seed(seed)
