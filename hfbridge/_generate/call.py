@@ -201,8 +201,8 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
     return per_row.expanded(expand) if expand > 1 else per_row
 
 
-# Community options whose list is not one value per row.
-_NOT_PER_ROW = ("dry_sequence_breakers",)
+# Community options whose list is not one value per row (token sequences, strings, an order).
+_NOT_PER_ROW = ("dry_sequence_breakers", "thinking_start", "thinking_end", "thinking_budget_message", "sampler_order")
 
 
 def _row_values(value: Any) -> tuple | None:

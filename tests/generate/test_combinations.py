@@ -352,3 +352,17 @@ def test_the_masks_the_model_saw_are_never_changed(new):
     for step, (given, copy_then) in enumerate(seen):
         assert torch.equal(given, copy_then)
         assert given.tolist() == [[0] + [1] * (2 + step), [1] * (3 + step)]
+
+
+def test_token_sequence_options_are_not_per_row_values():
+    """A thinking tag or a breaker given as token ids is one sequence for every row, not a value per row."""
+    table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+    prompt = torch.tensor([[1, 2, 3]])
+
+    def model(ids):
+        return table[ids]
+
+    ours = generate(model, prompt, max_new_tokens=4, thinking_budget=0, thinking_start=[3],
+                             thinking_end=[7, 8])
+    # the prompt ends inside a thinking span (its last token is the start tag): a budget of 0 forces the end tag
+    assert ours[0, 3:5].tolist() == [7, 8]
