@@ -30,8 +30,8 @@ from typing import Any
 
 from hfbridge._hf import names
 
-__all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check_cropped", "check_fields",
-           "check_handed_back", "check_parameters", "check_reordered"]
+__all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check_cropped", "check_fed",
+           "check_fields", "check_handed_back", "check_parameters", "check_reordered"]
 
 CONTRACTS = {
     "beam-first-call": "HF's beam loop calls the model on the whole prompt first",
@@ -43,6 +43,8 @@ CONTRACTS = {
                    "`assistant_model.generate({cache}=...)`",
     "output-fields": "HF's output classes have the fields hfbridge fills",
     "loop-signature": "HF's loops take the arguments hfbridge passes",
+    "model-inputs": "a model's `prepare_inputs_for_generation` feeds only the positions its cache has not seen, "
+                    "given the arguments HF's `generate` passes it",
 }
 
 
@@ -95,6 +97,27 @@ def check_cropped(*, role: str, kept: int, seen: Any, input_ids: Any, output_nam
             f"sequence it is called with next ({input_ids.shape[1]} ids) differs from them: the assisted loop did "
             "not crop the rejected draft tokens from it",
         )
+
+
+def check_fed(model: Any, prepared: Any, *, new: int, seen: int) -> None:
+    """After the prefill: the inputs `prepare_inputs_for_generation` made must not hold the whole sequence again.
+
+    `seen` positions are in the model's cache and `new` are not. Inputs of all `seen + new` positions
+    would run the model on the whole sequence again on top of its cache (positions counted twice:
+    wrong logits, no error). A model may add a few positions of its own (XLNet feeds the last two
+    tokens and a placeholder). A look at a shape, no device read.
+    """
+    ids = prepared.get("input_ids") if isinstance(prepared, dict) else None
+    if ids is None and isinstance(prepared, dict):
+        ids = prepared.get("inputs_embeds")
+    if ids is None or ids.ndim < 2 or ids.shape[1] <= new or ids.shape[1] < seen + new:
+        return
+    raise TransformersContractError(
+        "model-inputs",
+        f"{type(model).__name__}.prepare_inputs_for_generation, called as transformers' generate calls it with a "
+        f"cache of {seen} positions and {new} new token(s), prepared inputs of {ids.shape[1]} positions; the model "
+        "would be fed the sequence again on top of its cache",
+    )
 
 
 def check_crop_amount(amount: int) -> None:

@@ -33,7 +33,14 @@ from typing import Any
 import torch
 
 from hfbridge._hf.host import ProcessorHost
-from hfbridge._hf.model_inputs import carried_cache, drops_full_mask, first_cache, keep_for_rollback, step_inputs
+from hfbridge._hf.model_inputs import (
+    carried_cache,
+    drops_full_mask,
+    first_cache,
+    keep_for_rollback,
+    reorder_model_cache,
+    step_inputs,
+)
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.cache import crop_cache, reorder_cache
 
@@ -45,6 +52,7 @@ _CACHE = "_cache"  # the model's cache entries by input name ({"past_key_values"
 _KEEP = "_keep"  # logits_to_keep: 1, or "fed" (every fed position: assisted decoding)
 _MASK = "_mask"  # pass the attention mask (False where HF drops an all-ones one)
 _USE_CACHE = "_use_cache"
+_CALLS = "_calls"  # model calls made in this generate call (the first is HF's prefill)
 
 
 def is_hf_model(model: Any) -> bool:
@@ -101,7 +109,7 @@ class HFModel(ModelAdapter):
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
         state = super().start(input_ids, attention_mask, model_inputs)
-        state.update({_CACHE: {}, _KEEP: "fed", _MASK: True, _USE_CACHE: True})
+        state.update({_CACHE: {}, _KEEP: "fed", _MASK: True, _USE_CACHE: True, _CALLS: 0})
         return state
 
     def begin(self, state: dict[str, Any], config: Any, *, prompts: int, assisted: bool) -> dict[str, Any]:
@@ -128,13 +136,17 @@ class HFModel(ModelAdapter):
         keep = input_ids.shape[1] - fed if state[_KEEP] == "fed" else state[_KEEP]
         inputs = step_inputs(self.hf, input_ids, cache=state[_CACHE], fed=fed,
                              attention_mask=state["attention_mask"] if state[_MASK] else None, keep=keep,
-                             model_inputs=self.model_inputs(state), use_cache=state[_USE_CACHE])
+                             model_inputs=self.model_inputs(state), use_cache=state[_USE_CACHE],
+                             first=state[_CALLS] == 0, assisted=state[_KEEP] == "fed")
+        state[_CALLS] += 1
         return self.model(**inputs, return_dict=True)
 
     def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
         if state[_USE_CACHE]:
-            state[_CACHE] = carried_cache(self.hf, outputs)
-            # a model that returned no cache HF knows of is fed the whole sequence again (correct, slower)
+            # as HF's loop: the cache the output returned, else the one passed in (a model that fills its
+            # cache in place and does not return it, e.g. RoBERTa's family)
+            state[_CACHE] = carried_cache(self.hf, outputs, state[_CACHE])
+            # a model without a cache HF knows of is fed the whole sequence again, as by HF
             state[_FED] = input_ids.shape[1] if state[_CACHE] else 0
         return state
 
@@ -145,7 +157,7 @@ class HFModel(ModelAdapter):
         return next(iter(state.get(_CACHE, {}).values()), None)
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
-        state[_CACHE] = {name: _reordered(value, beam_idx) for name, value in state[_CACHE].items()}
+        state[_CACHE] = {name: _reordered(self.hf, value, beam_idx) for name, value in state[_CACHE].items()}
         return state
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
@@ -156,10 +168,8 @@ class HFModel(ModelAdapter):
         return state
 
 
-def _reordered(cache: Any, beam_idx: torch.Tensor) -> Any:
-    """As HF's beam search: a cache with its own `reorder_cache` (HF `Cache`s, 4.x's `MambaCache`) reorders
-    itself; tuples of batch-first tensors (4.x's legacy caches) are rebuilt by `reorder_cache`."""
-    if not isinstance(cache, (tuple, list, dict, torch.Tensor)) and callable(getattr(cache, "reorder_cache", None)):
-        cache.reorder_cache(beam_idx)
-        return cache
-    return reorder_cache(cache, beam_idx)
+def _reordered(model: Any, cache: Any, beam_idx: torch.Tensor) -> Any:
+    """As HF's beam search (`reorder_model_cache`); a nest neither the model nor the cache reorders is rebuilt
+    by `reorder_cache` (tuples of batch-first tensors)."""
+    reordered = reorder_model_cache(model, cache, beam_idx)
+    return reordered if reordered is not None else reorder_cache(cache, beam_idx)

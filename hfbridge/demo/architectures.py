@@ -71,6 +71,10 @@ SHRINK: dict[str, Any] = {
 
 #: class name -> {config attribute: value}: what a family needs beyond `SHRINK` to build tiny and run
 FAMILY_FIXES: dict[str, dict[str, Any]] = {
+    # hybrids: one layer of each kind, so that the cache has attention layers as well as recurrent ones
+    "BambaForCausalLM": {"attn_layer_indices": [1]},
+    "NemotronHForCausalLM": {"layers_block_type": ["linear_attention", "full_attention"]},
+    "RecurrentGemmaForCausalLM": {"block_types": ["recurrent", "attention"]},
     "Dots3NoteForCausalLM": {"num_key_value_heads": 4},
     "Gemma4AssistantForCausalLM": {"hidden_size_per_layer_input": 0},
     "Mamba2ForCausalLM": {"num_heads": 8, "n_groups": 1},  # hidden_size * expand == num_heads * head_dim
@@ -101,11 +105,11 @@ class ArchitectureCheck:
 
 def causal_lm_classes() -> list[tuple[str, str]]:
     """`(model_type, class name)` of every entry of the installed `MODEL_FOR_CAUSAL_LM_MAPPING`, in its order."""
-    found = []
+    found: dict[str, str] = {}
     for model_type, names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
         name = names[0] if isinstance(names, (tuple, list)) else names
-        found.append((model_type, name))
-    return found
+        found.setdefault(name, model_type)  # a class listed under two model types is checked once
+    return [(model_type, name) for name, model_type in found.items()]
 
 
 def _shrunk(config_class: Any, overrides: dict[str, Any], depth: int = 0) -> dict[str, Any]:
