@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers.cache_utils import Cache, DynamicCache
 
-__all__ = ["CacheBase", "crop_hf_cache", "is_hf_cache"]
+__all__ = ["CacheBase", "crop_hf_cache", "is_croppable", "is_hf_cache"]
 
 CacheBase = DynamicCache
 
@@ -27,6 +27,12 @@ CacheBase = DynamicCache
 def is_hf_cache(cache: Any) -> bool:
     """Whether `cache` is one of transformers' `Cache` objects (which reorder and crop themselves)."""
     return isinstance(cache, Cache)
+
+
+def is_croppable(cache: Any) -> bool:
+    """Whether an HF `Cache` can drop positions (5.x: `is_croppable`, False with recurrent layers; 4.x: has `crop`)."""
+    flag = getattr(cache, "is_croppable", None)
+    return bool(flag) if flag is not None else callable(getattr(cache, "crop", None))
 
 
 def crop_hf_cache(cache: Any, length: int) -> None:

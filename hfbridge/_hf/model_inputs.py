@@ -36,7 +36,7 @@ import torch
 from hfbridge._hf.contracts import check_fed
 from hfbridge._hf.names import TRANSFORMERS_MAJOR as _TRANSFORMERS_MAJOR
 
-__all__ = ["carried_cache", "drops_full_mask", "first_cache", "keep_for_rollback", "keep_logits_name",
+__all__ = ["carried_cache", "drops_full_mask", "first_cache", "is_stateful", "keep_for_rollback", "keep_logits_name",
            "reorder_model_cache", "step_inputs"]
 
 
@@ -124,6 +124,11 @@ def reorder_model_cache(model: Any, cache: Any, beam_idx: torch.Tensor) -> Any:
         cache.reorder_cache(beam_idx)
         return cache
     return None
+
+
+def is_stateful(model: Any) -> bool:
+    """HF's `_is_stateful` class flag: a recurrent model (Mamba, RecurrentGemma) that assisted decoding refuses."""
+    return bool(getattr(model, "_is_stateful", False))
 
 
 def keep_for_rollback(cache: dict[str, Any]) -> None:

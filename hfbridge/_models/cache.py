@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hfbridge._hf.caches import crop_hf_cache, is_hf_cache
+from hfbridge._hf.caches import crop_hf_cache, is_croppable, is_hf_cache
 
 
 class CacheTypeError(TypeError):
@@ -123,6 +123,13 @@ def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
     if item is None:
         return None
     if is_hf_cache(item):
+        if not is_croppable(item):
+            raise CacheTypeError(
+                f"cannot drop positions from {where}, a {type(item).__name__} that says it is not croppable (it "
+                "holds recurrent states, which cannot go back to a shorter prefix). Give the adapter a crop hook "
+                "(ReturnsCache(model, crop_cache=...), Hooks(crop_state=...)) that restores a saved state, or do not "
+                "use assisted or prompt-lookup decoding with this model."
+            )
         crop_hf_cache(item, length)
         return item
     if isinstance(item, torch.Tensor):

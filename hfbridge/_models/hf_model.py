@@ -37,6 +37,7 @@ from hfbridge._hf.model_inputs import (
     carried_cache,
     drops_full_mask,
     first_cache,
+    is_stateful,
     keep_for_rollback,
     reorder_model_cache,
     step_inputs,
@@ -121,6 +122,13 @@ class HFModel(ModelAdapter):
             prompts: Prompts in the call, before expansion for beams / returned sequences.
             assisted: The call runs assisted or prompt-lookup decoding, which checks every fed position.
         """
+        if assisted and is_stateful(self.hf):
+            # HF's `generate` refuses it before any model call: a recurrent state cannot go back to a prefix
+            raise ValueError(
+                f"assisted generation is not supported with stateful models, such as {type(self.hf).__name__} "
+                "(as transformers' own generate says): its recurrent state cannot be rolled back to the accepted "
+                "draft tokens. Use greedy or sampling without assistant_model= / prompt_lookup_num_tokens=."
+            )
         mask = state["attention_mask"]  # [N, T]
         state[_USE_CACHE] = config.use_cache is not False
         state[_CACHE] = first_cache(self.hf, config, batch=prompts, max_length=config.max_length,
