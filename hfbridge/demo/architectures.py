@@ -22,21 +22,20 @@ built tiny is skipped with the reason.
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import transformers
-from transformers import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from hfbridge import generate
 
-__all__ = ["ArchitectureCheck", "FAMILY_FIXES", "STRATEGIES", "causal_lm_classes", "check_architecture",
-           "build_tiny", "sweep", "sweep_table"]
+__all__ = ["FAMILY_FIXES", "STRATEGIES", "ArchitectureCheck", "build_tiny", "causal_lm_classes", "check_architecture",
+           "run_all_architectures", "sweep", "sweep_table"]
 
 VOCAB, NEW = 128, 8
 PAD = 0
@@ -122,7 +121,7 @@ def _shrunk(config_class: Any, overrides: dict[str, Any], depth: int = 0) -> dic
     for name, value in SHRINK.items():
         if name in default.__dict__ or name in getattr(default, "attribute_map", {}):
             kwargs[name] = value
-    for name, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
+    for name in getattr(config_class, "sub_configs", None) or {}:
         sub = getattr(default, name, None)
         if depth < 2 and sub is not None and hasattr(sub, "to_dict"):
             kwargs[name] = {"model_type": sub.model_type, **_shrunk(type(sub), {}, depth + 1)}
@@ -130,8 +129,9 @@ def _shrunk(config_class: Any, overrides: dict[str, Any], depth: int = 0) -> dic
     for name, value in vars(default).items():
         if layers is not None and isinstance(value, (list, tuple)) and len(value) == layers and layers > 2:
             kwargs[name] = _two_layers(list(value))
-        elif name not in ("id2label", "label2id") and isinstance(value, dict) and value and all(isinstance(k, int) for k in value):
-            kwargs[name] = {k: v for k, v in value.items() if k < 2}
+        elif name not in ("id2label", "label2id") and isinstance(value, dict) and value \
+                and all(isinstance(key, int) for key in value):  # per-layer entries
+            kwargs[name] = {key: entry for key, entry in value.items() if key < 2}
         elif isinstance(value, int) and not isinstance(value, bool) and name.endswith(("_token_id", "_token_index")) \
                 and value >= VOCAB:
             kwargs[name] = VOCAB - 1 - len([k for k in kwargs if k.endswith(("_token_id", "_token_index"))])
@@ -219,7 +219,8 @@ def _compare(strategy: str, ours: _Run, theirs: _Run) -> str:
         return f"shape {tuple(got.shape)}, transformers {tuple(expected.shape)}"
     if not torch.equal(got, expected):
         row, at = (got != expected).nonzero()[0].tolist()
-        return f"row {row} differs at position {at}: transformers {int(expected[row, at])}, hfbridge {int(got[row, at])}"
+        return (f"row {row} differs at position {at}: transformers {int(expected[row, at])}, "
+                f"hfbridge {int(got[row, at])}")
     if strategy == "greedy":
         for step, (a, b) in enumerate(zip(ours.result.logits, theirs.result.logits)):
             if not torch.equal(a, b):
@@ -256,7 +257,8 @@ def check_architecture(name: str, model_type: str | None = None, strategies: tup
             try:
                 theirs = _run(model, lambda: model.generate(PROMPTS, **options))
             except Exception as error:
-                row.status[strategy], row.detail[strategy] = "n/a", f"transformers' own generate raised {_one_line(error)}"
+                row.status[strategy] = "n/a"
+                row.detail[strategy] = f"transformers' own generate raised {_one_line(error)}"
                 continue
             try:
                 ours = _run(model, lambda: generate(model, PROMPTS, **options))
@@ -304,5 +306,24 @@ def sweep_table(rows: list[ArchitectureCheck]) -> str:
     return "\n".join(text + ([""] + notes if notes else []))
 
 
-def _signature_names(function: Any) -> frozenset[str]:
-    return frozenset(inspect.signature(function).parameters)
+def counts(rows: list[ArchitectureCheck]) -> str:
+    """One line: classes in the mapping, built, matched, skipped (and HF's own failures)."""
+    built = [row for row in rows if row.built]
+    matched = [row for row in built if row.matched]
+    hf_fails = [row for row in built if row.status and all(value == "n/a" for value in row.status.values())]
+    return (f"{len(rows)} causal-LM classes: {len(built)} built tiny, {len(matched)} match transformers wherever its "
+            f"own generate runs ({len(hf_fails)} of them where it runs none of the strategies), "
+            f"{len(built) - len(matched)} differ or fail, {len(rows) - len(built)} skipped (not built)")
+
+
+def run_all_architectures(out: TextIO | None = None, names: list[str] | None = None) -> int:
+    """Print the sweep's table and counts to `out` (stdout); returns 1 when any built class differs or fails."""
+    out = out if out is not None else sys.stdout
+    print("hfbridge.generate(model, ...) vs model.generate(...) for every causal LM of transformers "
+          f"{transformers.__version__}, built tiny offline (vocabulary {VOCAB}, {NEW} new tokens, seed 0): greedy "
+          "on a left-padded batch (tokens, step logits, lengths fed to each model call), sampling, beam search\n",
+          file=out, flush=True)
+    rows = list(sweep(names))
+    print(sweep_table(rows), file=out)
+    print(f"\n{counts(rows)}", file=out)
+    return 0 if all(row.matched for row in rows if row.built) else 1
