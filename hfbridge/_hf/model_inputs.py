@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from hfbridge._hf.contracts import check_fed
+from hfbridge._hf.contracts import check_fed, check_slicing_names
 from hfbridge._hf.names import TRANSFORMERS_MAJOR as _TRANSFORMERS_MAJOR
 
 __all__ = ["carried_cache", "drops_full_mask", "first_cache", "is_stateful", "keep_for_rollback", "keep_logits_name",
@@ -200,6 +200,8 @@ def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: dict[str, Any], f
         full = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         kwargs["position_ids"] = model._prepare_position_ids_for_generation(input_ids, {"attention_mask": full})
     passes = _generate_passes()
+    if not passes & {"cache_position", "next_sequence_length"}:
+        check_slicing_names(passes)
     if "cache_position" in passes:  # transformers 4.x slices the fed tokens by it
         kwargs["cache_position"] = torch.arange(fed, input_ids.shape[1], device=input_ids.device)
     if "next_sequence_length" in passes:  # transformers 5.x slices by it
@@ -212,9 +214,37 @@ def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: dict[str, Any], f
     if "is_first_iteration" in passes and (first or assisted):
         kwargs["is_first_iteration"] = first
     prepared = model.prepare_inputs_for_generation(input_ids, **kwargs)
-    if use_cache and fed > 0:
-        check_fed(model, prepared, new=new, seen=fed)
+    if use_cache and not first and cache:
+        check_fed(model, prepared, total=input_ids.shape[1], held=_held(cache), decides=_decides(model))
     return prepared
+
+
+@functools.cache
+def _protocol(kind: Any) -> frozenset[str]:
+    """The call-protocol arguments (`cache_position`, `next_sequence_length`, `is_first_iteration`) that a
+    class's own override of `prepare_inputs_for_generation` names: it reads them and decides the inputs itself."""
+    from transformers.generation.utils import GenerationMixin
+
+    if kind.prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation:
+        return frozenset()
+    return _parameters(kind.prepare_inputs_for_generation) & {
+        "cache_position", "next_sequence_length", "is_first_iteration"}
+
+
+def _decides(model: Any) -> bool:
+    return bool(_protocol(type(model)))
+
+
+def _held(cache: dict[str, Any]) -> int | None:
+    """Positions the cache holds (an attention `Cache`'s `get_seq_length`, a shape read), None where unreadable."""
+    for value in cache.values():
+        linear = getattr(value, "is_linear", None)
+        if linear is not None and all(linear):
+            return None
+        length = getattr(value, "get_seq_length", None)
+        if callable(length):
+            return int(length())
+    return None
 
 
 def drops_full_mask() -> bool:

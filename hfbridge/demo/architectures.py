@@ -63,6 +63,7 @@ SHRINK: dict[str, Any] = {
     **dict.fromkeys(("state_size", "mamba_d_state", "ssm_state_size", "d_state"), 8),
     **dict.fromkeys(("q_lora_rank", "kv_lora_rank"), 16),
     "n_shared_experts": 1,
+    "rotary_dim": 4,
     "time_step_rank": 8,
     "mamba_n_heads": 8,
     "n_mamba_heads": 8,
@@ -83,6 +84,10 @@ FAMILY_FIXES: dict[str, dict[str, Any]] = {
     "ZambaForCausalLM": {"num_hidden_layers": 4,
                          "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]},
     "ZayaForCausalLM": {"num_experts_per_tok": 1},
+    "JambaForCausalLM": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+                         "expert_layer_offset": 1},
+    # the default suppresses token 220, outside the tiny vocabulary (hfbridge refuses such ids, HF ignores them)
+    "WhisperForCausalLM": {"begin_suppress_tokens": None, "suppress_tokens": None},
 }
 
 
@@ -135,6 +140,8 @@ def _shrunk(config_class: Any, overrides: dict[str, Any], depth: int = 0) -> dic
         elif isinstance(value, int) and not isinstance(value, bool) and name.endswith(("_token_id", "_token_index")) \
                 and value >= VOCAB:
             kwargs[name] = VOCAB - 1 - len([k for k in kwargs if k.endswith(("_token_id", "_token_index"))])
+    if "kv_lora_rank" in default.__dict__:  # multi-head latent attention: as many key/value heads as heads
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
     kwargs.update(overrides)
     return kwargs
 
