@@ -1,0 +1,59 @@
+"""Causal LMs of the installed transformers passed directly: `hfbridge.generate(model)` equals `model.generate`.
+
+Each class is built tiny offline (`hfbridge.demo.architectures`) and compared on greedy with a
+left-padded batch (tokens, every step's logits, the lengths fed to each model call), sampling under
+one seed and beam search. The named classes run every time; of the rest of the mapping, a fixed
+slice runs (`HFBRIDGE_SWEEP=all` runs every class, as `python -m hfbridge doctor --all-architectures`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hfbridge.demo.architectures import causal_lm_classes, check_architecture
+
+pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
+
+# The classes whose direct use differed from their own generate: models that override
+# prepare_inputs_for_generation without naming `next_sequence_length` (Phi3, Mamba, Mamba2,
+# FalconMamba, Zamba2, Bamba, CTRL), caches filled in place and not returned (the RoBERTa family,
+# RecurrentGemma), a sequence-first cache that the model itself reorders for beams (XLNet);
+# and the two the quick doctor checks.
+NAMED = ("GPT2LMHeadModel", "LlamaForCausalLM", "Phi3ForCausalLM", "MambaForCausalLM", "Mamba2ForCausalLM",
+         "FalconMambaForCausalLM", "Zamba2ForCausalLM", "BambaForCausalLM", "CTRLLMHeadModel",
+         "RobertaForCausalLM", "XLMRobertaXLForCausalLM", "BertLMHeadModel", "RecurrentGemmaForCausalLM",
+         "XLNetLMHeadModel", "OpenAIGPTLMHeadModel", "CpmAntForCausalLM")
+_STRIDE = 10  # one class in ten of the rest of the mapping, the same ones every run
+
+_INSTALLED = dict((name, kind) for kind, name in causal_lm_classes())
+
+
+def _subset() -> list[str]:
+    rest = [name for name in _INSTALLED if name not in NAMED]
+    return rest if os.environ.get("HFBRIDGE_SWEEP") == "all" else rest[::_STRIDE]
+
+
+def _check(name: str) -> None:
+    if name not in _INSTALLED:
+        pytest.skip(f"{name} is not in the installed transformers' MODEL_FOR_CAUSAL_LM_MAPPING")
+    row = check_architecture(name, _INSTALLED[name])
+    if not row.built:
+        pytest.skip(f"{name} {row.skipped}")
+    failed = {strategy: row.detail[strategy] for strategy, status in row.status.items()
+              if status not in ("ok", "n/a")}
+    assert not failed, failed
+    ran = [strategy for strategy, status in row.status.items() if status == "ok"]
+    if not ran:
+        pytest.skip(f"transformers' own generate runs none of the strategies for tiny {name}: {row.detail}")
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_named_class_equals_its_own_generate(name):
+    _check(name)
+
+
+@pytest.mark.parametrize("name", _subset())
+def test_mapping_class_equals_its_own_generate(name):
+    _check(name)

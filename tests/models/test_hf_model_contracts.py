@@ -1,0 +1,127 @@
+"""A model passed directly: fed as HF feeds it or refused loudly, never a wrong token.
+
+The model-inputs contract (a model fed its whole sequence again on top of its cache), stateful models
+refused for assisted decoding before any model call, a cache that cannot be cropped, and an inferred
+all-zeros attention-mask row.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hfbridge import ReturnsCache, TransformersContractError, generate
+from hfbridge._hf import model_inputs
+from hfbridge._models.cache import CacheTypeError
+from hfbridge.demo.architectures import build_tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
+
+PROMPT = torch.tensor([[5, 9, 13, 5, 9, 13]])
+
+
+class _Calls:
+    def __init__(self, model):
+        self.count = 0
+        model.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.count += 1
+
+
+class ForgetsTheNewLength(GPT2LMHeadModel):
+    """An override that drops what generate passes and asks the base method for the whole sequence."""
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+        kwargs = {key: value for key, value in kwargs.items()
+                  if key not in ("next_sequence_length", "cache_position", "is_first_iteration")}
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
+
+
+def _tiny_gpt2(kind=GPT2LMHeadModel):
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=32, n_positions=32, n_embd=16, n_layer=1, n_head=2, bos_token_id=None,
+                        eos_token_id=None, pad_token_id=0)
+    return kind(config).eval()
+
+
+def test_a_model_fed_its_whole_sequence_again_is_a_contract_error():
+    model = _tiny_gpt2(ForgetsTheNewLength)
+    calls = _Calls(model)
+    with pytest.raises(TransformersContractError) as error:
+        generate(model, PROMPT, max_new_tokens=4)
+    assert error.value.contract == "model-inputs"
+    assert f"transformers {transformers.__version__}" in str(error.value)
+    assert "ForgetsTheNewLength.prepare_inputs_for_generation" in str(error.value)
+    assert "prepared all 7 positions again while the model's cache holds 6 positions" in str(error.value)
+    assert calls.count == 1  # the prefill only: no decode step ran
+
+
+def test_a_release_without_a_slicing_argument_is_a_contract_error(monkeypatch):
+    monkeypatch.setattr(model_inputs, "_generate_passes", lambda: frozenset({"is_first_iteration"}))
+    with pytest.raises(TransformersContractError, match=re.escape(
+            "takes neither `next_sequence_length` (5.x) nor `cache_position` (4.x)")):
+        generate(_tiny_gpt2(), PROMPT, max_new_tokens=2)
+
+
+def test_the_base_method_gets_the_new_length_whatever_the_override_names():
+    # the override names none of the protocol (as Phi3, Bamba, Zamba2): generate still slices the new token
+    class Plain(GPT2LMHeadModel):
+        def prepare_inputs_for_generation(self, input_ids, **kwargs):
+            return super().prepare_inputs_for_generation(input_ids, **kwargs)
+
+    model = _tiny_gpt2(Plain)
+    fed = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]),
+                                    with_kwargs=True)
+    out = generate(model, PROMPT, max_new_tokens=4)
+    theirs = model.generate(PROMPT, max_new_tokens=4)
+    assert torch.equal(out, theirs)
+    assert fed[:4] == [6, 1, 1, 1]
+
+
+def _mamba():
+    return build_tiny("mamba", "MambaForCausalLM")
+
+
+@pytest.mark.parametrize("extra", ["assistant", "prompt_lookup"])
+def test_stateful_models_refused_for_assisted_decoding_before_any_model_call(extra):
+    model = _mamba()
+    calls = _Calls(model)
+    options = {"prompt_lookup_num_tokens": 2} if extra == "prompt_lookup" else {"assistant_model": _mamba()}
+    with pytest.raises(ValueError, match=re.escape(
+            "assisted generation is not supported with stateful models, such as MambaForCausalLM")):
+        generate(model, PROMPT, max_new_tokens=4, **options)
+    assert calls.count == 0
+    with pytest.raises(ValueError, match="not supported with stateful models"):  # HF's own words
+        model.generate(PROMPT, max_new_tokens=4, **options)
+
+
+@pytest.mark.skipif(not hasattr(transformers.cache_utils.Cache, "is_croppable"),
+                    reason="the installed transformers' caches do not say whether they can be cropped")
+def test_a_callable_whose_cache_cannot_be_cropped_names_crop_cache():
+    hf = _mamba()
+
+    def step(input_ids, cache, attention_mask):
+        out = hf(input_ids, cache=cache, use_cache=True)
+        return out.logits, out.cache
+
+    with pytest.raises(CacheTypeError, match=r"not croppable.*ReturnsCache\(model, crop_cache=\.\.\.\)"):
+        generate(ReturnsCache(step), PROMPT, max_new_tokens=4, prompt_lookup_num_tokens=2)
+
+
+def test_an_inferred_all_zeros_mask_row_is_refused():
+    table = torch.randn(8, 8)
+    with pytest.raises(ValueError, match=re.escape(
+            "no `attention_mask` was passed, and the one inferred from pad_token_id=0 (every pad token is padding, "
+            "as in HF's generate) is all zeros in row 1")):
+        generate(lambda ids: table[ids], torch.tensor([[3, 4], [0, 0]]), max_new_tokens=2, pad_token_id=0,
+                 eos_token_id=1)
+    # with the mask passed, a prompt of pad tokens is the caller's choice
+    out = generate(lambda ids: table[ids], torch.tensor([[0]]), attention_mask=torch.ones(1, 1, dtype=torch.long),
+                   max_new_tokens=2, pad_token_id=0, eos_token_id=1)
+    assert out.shape[1] >= 2
