@@ -219,20 +219,15 @@ def step_inputs(model: Any, input_ids: torch.Tensor, *, cache: dict[str, Any], f
     return prepared
 
 
-@functools.cache
-def _protocol(kind: Any) -> frozenset[str]:
-    """The call-protocol arguments (`cache_position`, `next_sequence_length`, `is_first_iteration`) that a
-    class's own override of `prepare_inputs_for_generation` names: it reads them and decides the inputs itself."""
+def _decides(model: Any) -> bool:
+    """Whether the class's own override of `prepare_inputs_for_generation` names a call-protocol argument
+    (`cache_position`, `next_sequence_length`, `is_first_iteration`): it reads them and decides the inputs itself."""
     from transformers.generation.utils import GenerationMixin
 
-    if kind.prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation:
-        return frozenset()
-    return _parameters(kind.prepare_inputs_for_generation) & {
-        "cache_position", "next_sequence_length", "is_first_iteration"}
-
-
-def _decides(model: Any) -> bool:
-    return bool(_protocol(type(model)))
+    prepare = type(model).prepare_inputs_for_generation
+    if prepare is GenerationMixin.prepare_inputs_for_generation:
+        return False
+    return bool(_parameters(prepare) & {"cache_position", "next_sequence_length", "is_first_iteration"})
 
 
 def _held(cache: dict[str, Any]) -> int | None:

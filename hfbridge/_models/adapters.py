@@ -286,7 +286,10 @@ class ReturnsCache(ModelAdapter):
     token, `(batch, 1)`, with the cache the previous call returned (any object: a tuple of tensors,
     an HF `DynamicCache`, ...). The cache is passed as the second positional argument. When the
     model's signature names an `attention_mask` parameter it also receives the `(batch, seq)` mask
-    of the whole sequence so far (including the new token), as HF models expect.
+    of the whole sequence so far (including the new token), as HF models expect. The signature is
+    read through `functools.wraps` (`__wrapped__`, `__signature__`); a step whose signature cannot
+    tell (only `*args` / `**kwargs`) gets a left-padded batch refused unless `attention_mask=True`
+    or `False` says whether it takes the mask.
 
     Beam search reorders the cache's batch rows after every step: HF `Cache` objects and nests of
     tuples / lists / dicts of batch-first tensors automatically, any other cache through
@@ -300,6 +303,8 @@ class ReturnsCache(ModelAdapter):
             whose row `i` is row `beam_idx[i]` of `cache`. Default: `hfbridge`'s automatic one.
         crop_cache: `crop_cache(cache, length) -> cache`: the cache holding only its first
             `length` positions. Default: `hfbridge`'s automatic one (`hfbridge._models.cache.crop_cache`).
+        attention_mask: Whether the step takes `attention_mask=`. Default: None, read from its
+            signature (a step that names it takes it; one without `**kwargs` does not).
 
     >>> import torch
     >>> from hfbridge import ReturnsCache, generate
@@ -315,9 +320,14 @@ class ReturnsCache(ModelAdapter):
 
     def __init__(self, model: Callable[..., Any], *,
                  reorder_cache: Callable[[Any, torch.Tensor], Any] | None = None,
-                 crop_cache: Callable[[Any, int], Any] | None = None):
+                 crop_cache: Callable[[Any, int], Any] | None = None, attention_mask: bool | None = None):
         super().__init__(model)
-        self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
+        if attention_mask is not None and not isinstance(attention_mask, bool):
+            raise TypeError(f"`attention_mask` must be True, False or None, got {type(attention_mask).__name__}.")
+        named = accepts(self.signature, "attention_mask", explicitly=True)
+        # a catch-all signature (a decorator without functools.wraps) cannot say whether the step uses the mask
+        self.mask_unknown = attention_mask is None and not named and accepts(self.signature, "attention_mask")
+        self.takes_mask = named if attention_mask is None else attention_mask
         self.reorder_hook = checked_hook(reorder_cache, "reorder_cache", "reorder_cache(cache, beam_idx) -> cache")
         self.crop_hook = checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
 
@@ -331,6 +341,13 @@ class ReturnsCache(ModelAdapter):
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
+        if self.mask_unknown and bool((attention_mask == 0).any()):
+            raise ValueError(
+                f"the batch is left-padded, but the ReturnsCache step's signature ({parameter_list(self.signature)}) "
+                "does not say whether it takes `attention_mask` (a decorator without functools.wraps?); pass "
+                "ReturnsCache(model, attention_mask=True) to give it the mask, or attention_mask=False if it ignores "
+                "padding."
+            )
         state = super().start(input_ids, attention_mask, model_inputs)
         state[_CACHE] = None
         return state

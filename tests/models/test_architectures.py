@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from hfbridge._hf import names
 from hfbridge.demo.architectures import causal_lm_classes, check_architecture
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
@@ -27,7 +28,7 @@ NAMED = ("GPT2LMHeadModel", "LlamaForCausalLM", "Phi3ForCausalLM", "MambaForCaus
          "XLNetLMHeadModel", "OpenAIGPTLMHeadModel", "CpmAntForCausalLM")
 _STRIDE = 10  # one class in ten of the rest of the mapping, the same ones every run
 
-_INSTALLED = dict((name, kind) for kind, name in causal_lm_classes())
+_INSTALLED = {name: kind for kind, name in causal_lm_classes()}
 
 
 def _subset() -> list[str]:
@@ -43,6 +44,10 @@ def _check(name: str) -> None:
         pytest.skip(f"{name} {row.skipped}")
     failed = {strategy: row.detail[strategy] for strategy, status in row.status.items()
               if status not in ("ok", "n/a")}
+    if names.TRANSFORMERS_MAJOR < 5 and set(failed) == {"beams"} and "cannot reorder a cache of type" in failed["beams"]:
+        # transformers 4.x's beam search reorders only `past_key_values`: its beams leave a Mamba-style
+        # `cache_params` in the old order (rows continue from the wrong state); hfbridge refuses instead.
+        pytest.skip(f"transformers 4.x's beam search does not reorder {name}'s cache_params; hfbridge refuses it")
     assert not failed, failed
     ran = [strategy for strategy, status in row.status.items() if status == "ok"]
     if not ran:

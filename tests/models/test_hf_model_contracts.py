@@ -12,10 +12,10 @@ import re
 import pytest
 import torch
 import transformers
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from hfbridge import ReturnsCache, TransformersContractError, generate
-from hfbridge._hf import model_inputs
+from hfbridge._hf import model_inputs, names
 from hfbridge._models.cache import CacheTypeError
 from hfbridge.demo.architectures import build_tiny
 
@@ -33,7 +33,7 @@ class _Calls:
         self.count += 1
 
 
-class ForgetsTheNewLength(GPT2LMHeadModel):
+class ForgetsTheNewLength(LlamaForCausalLM):
     """An override that drops what generate passes and asks the base method for the whole sequence."""
 
     def prepare_inputs_for_generation(self, input_ids, **kwargs):
@@ -49,8 +49,13 @@ def _tiny_gpt2(kind=GPT2LMHeadModel):
     return kind(config).eval()
 
 
+@pytest.mark.skipif(names.TRANSFORMERS_MAJOR < 5, reason="transformers 4.x's base method slices by `cache_position`, "
+                    "which the prefill needs as well: an override that drops it fails at once")
 def test_a_model_fed_its_whole_sequence_again_is_a_contract_error():
-    model = _tiny_gpt2(ForgetsTheNewLength)
+    torch.manual_seed(0)
+    model = ForgetsTheNewLength(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=1, bos_token_id=None,
+                                            eos_token_id=None, pad_token_id=0)).eval()
     calls = _Calls(model)
     with pytest.raises(TransformersContractError) as error:
         generate(model, PROMPT, max_new_tokens=4)
@@ -125,3 +130,82 @@ def test_an_inferred_all_zeros_mask_row_is_refused():
     out = generate(lambda ids: table[ids], torch.tensor([[0]]), attention_mask=torch.ones(1, 1, dtype=torch.long),
                    max_new_tokens=2, pad_token_id=0, eos_token_id=1)
     assert out.shape[1] >= 2
+
+
+def _cached_gpt2_step(hf):
+    def step(input_ids, cache, attention_mask):
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+        out = hf(input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+                 **{names.OUTPUT_CACHE: cache})
+        return out.logits, getattr(out, names.OUTPUT_CACHE)
+    return step
+
+
+PADDED = torch.tensor([[5, 9, 13, 2], [0, 0, 3, 4]])
+PADDED_MASK = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+
+
+def test_a_step_wrapped_with_functools_wraps_keeps_left_padding():
+    import functools
+
+    hf = _tiny_gpt2()
+    step = _cached_gpt2_step(hf)
+
+    @functools.wraps(step)
+    def logged(*args, **kwargs):
+        return step(*args, **kwargs)
+
+    expected = hf.generate(PADDED, attention_mask=PADDED_MASK, max_new_tokens=5)
+    assert torch.equal(generate(ReturnsCache(logged), PADDED, attention_mask=PADDED_MASK, max_new_tokens=5),
+                       expected)
+
+
+def test_a_step_whose_signature_cannot_tell_is_refused_on_padding_or_told():
+    hf = _tiny_gpt2()
+    step = _cached_gpt2_step(hf)
+
+    def opaque(*args, **kwargs):  # a decorator without functools.wraps
+        return step(*args, **kwargs)
+
+    with pytest.raises(ValueError, match=re.escape("pass ReturnsCache(model, attention_mask=True)")):
+        generate(ReturnsCache(opaque), PADDED, attention_mask=PADDED_MASK, max_new_tokens=5)
+    expected = hf.generate(PADDED, attention_mask=PADDED_MASK, max_new_tokens=5)
+    assert torch.equal(generate(ReturnsCache(opaque, attention_mask=True), PADDED, attention_mask=PADDED_MASK,
+                                max_new_tokens=5), expected)
+    with pytest.raises(TypeError, match="`attention_mask` must be True, False or None, got str"):
+        ReturnsCache(opaque, attention_mask="yes")
+
+
+def test_hooks_tell_crop_state_how_many_positions_were_fed():
+    from hfbridge import Hooks
+
+    hf = _tiny_gpt2()
+    name = names.OUTPUT_CACHE
+    seen = []
+
+    def prepare(input_ids, attention_mask=None, fed=0, **state):
+        return {"input_ids": input_ids[:, fed:], name: state.get(name), "use_cache": True}
+
+    def update(outputs, state):
+        return {**state, name: getattr(outputs, name), "fed": state["fed_next"]}
+
+    def forward_fed(state, length, fed):
+        seen.append((length, fed))
+        state[name].crop(length) if not names.CROP_TAKES_REMOVED else \
+            state[name].crop(-(fed - length))
+        return {**state, "fed": length}
+
+    class Counted(Hooks):
+        def forward(self, input_ids, state):
+            state["fed_next"] = input_ids.shape[1]
+            return super().forward(input_ids, state)
+
+    adapter = Counted(hf, lambda input_ids, **state: prepare(input_ids, **{k: v for k, v in state.items()
+                                                                           if k != "fed_next"}),
+                      update, crop_state=forward_fed)
+    prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3, 4]])
+    options = dict(max_new_tokens=6, prompt_lookup_num_tokens=2, eos_token_id=31)  # 4.x's lookup needs an eos
+    expected = hf.generate(prompt, **options)
+    assert torch.equal(generate(adapter, prompt, fed=0, **options), expected)
+    assert seen and all(fed >= length for length, fed in seen)
+    assert adapter.fed > 0
