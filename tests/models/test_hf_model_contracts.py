@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from hfbridge import ReturnsCache, TransformersContractError, generate
 from hfbridge._hf import model_inputs, names
-from hfbridge._models.cache import CacheTypeError
+from hfbridge._models.cache import CacheTypeError, crop_cache
 from hfbridge.demo.architectures import build_tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
@@ -191,8 +191,7 @@ def test_hooks_tell_crop_state_how_many_positions_were_fed():
 
     def forward_fed(state, length, fed):
         seen.append((length, fed))
-        state[name].crop(length) if not names.CROP_TAKES_REMOVED else \
-            state[name].crop(-(fed - length))
+        state = {**state, name: crop_cache(state[name], length, cached=fed)}
         return {**state, "fed": length}
 
     class Counted(Hooks):
