@@ -37,7 +37,7 @@ from hfbridge._hf.contracts import check_fed, check_slicing_names
 from hfbridge._hf.names import TRANSFORMERS_MAJOR as _TRANSFORMERS_MAJOR
 
 __all__ = ["carried_cache", "drops_full_mask", "first_cache", "is_stateful", "keep_for_rollback", "keep_logits_name",
-           "reorder_model_cache", "step_inputs"]
+           "own_generate", "reorder_model_cache", "step_inputs"]
 
 
 @functools.cache
@@ -124,6 +124,17 @@ def reorder_model_cache(model: Any, cache: Any, beam_idx: torch.Tensor) -> Any:
         cache.reorder_cache(beam_idx)
         return cache
     return None
+
+
+def own_generate(model: Any) -> str | None:
+    """The qualified name of the class's own `generate` where it overrides `GenerationMixin.generate`
+    (Musicgen's codebooks and delay pattern), else None: its decoding is not the one hfbridge mirrors."""
+    from transformers.generation.utils import GenerationMixin
+
+    method = getattr(type(model), "generate", None)
+    if method is None or method is GenerationMixin.generate:
+        return None
+    return str(getattr(method, "__qualname__", type(model).__name__ + ".generate"))
 
 
 def is_stateful(model: Any) -> bool:
@@ -237,8 +248,9 @@ def _held(cache: dict[str, Any]) -> int | None:
         if linear is not None and all(linear):
             return None
         length = getattr(value, "get_seq_length", None)
-        if callable(length):
-            return int(length())
+        held = length() if callable(length) else None
+        if isinstance(held, (int, torch.Tensor)):
+            return int(held)
     return None
 
 

@@ -39,6 +39,7 @@ from hfbridge._hf.model_inputs import (
     first_cache,
     is_stateful,
     keep_for_rollback,
+    own_generate,
     reorder_model_cache,
     step_inputs,
 )
@@ -96,6 +97,14 @@ class HFModel(ModelAdapter):
             raise TypeError(
                 f"HFModel takes decoder-only models, but {type(model).__name__} is an encoder-decoder model; "
                 "hfbridge.generate decodes decoder-only models (use the model's own generate)."
+            )
+        overridden = own_generate(model)
+        if overridden is not None:
+            raise TypeError(
+                f"{type(model).__name__} has a generate of its own ({overridden}), which decodes differently from "
+                "transformers' GenerationMixin.generate that hfbridge mirrors; hfbridge would not give its tokens. "
+                "Use the model's own generate, or pass a callable (hfbridge.Recompute / ReturnsCache) to decode it "
+                "as a plain language model."
             )
         super().__init__(model)
         self.hf: Any = model  # typed as the PreTrainedModel it is

@@ -208,3 +208,12 @@ def test_hooks_tell_crop_state_how_many_positions_were_fed():
     assert torch.equal(generate(adapter, prompt, fed=0, **options), expected)
     assert seen and all(fed >= length for length, fed in seen)
     assert adapter.fed > 0
+
+
+def test_a_class_with_its_own_generate_is_refused_before_any_model_call():
+    model = build_tiny("musicgen", "MusicgenForCausalLM")
+    calls = _Calls(model)
+    with pytest.raises(TypeError, match=re.escape(
+            "MusicgenForCausalLM has a generate of its own (MusicgenForCausalLM.generate), which decodes differently")):
+        generate(model, PROMPT, max_new_tokens=2)
+    assert calls.count == 0
