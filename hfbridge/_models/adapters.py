@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from hfbridge._models.cache import CacheTypeError, not_growing
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
 from hfbridge._models.callables import (
@@ -46,6 +47,7 @@ from hfbridge._models.callables import (
 # Keys the built-in adapters keep in the state for themselves.
 _FED = "_fed"  # how many tokens of the sequence the model has already seen (its cache length)
 _CACHE = "_cache"  # the cache a `ReturnsCache` model returned last
+_STILL = "_still"  # a cache tensor whose sequence axis did not grow at the last call (`not_growing`)
 
 
 class ModelAdapter:
@@ -372,6 +374,8 @@ class ReturnsCache(ModelAdapter):
                 "return the cache it built (an HF model: pass use_cache=True), or use Recompute for a model "
                 "without one."
             )
+        if self.crop_hook is None and state[_CACHE] is not None:  # what the automatic crop would cut, checked
+            state[_STILL] = not_growing(state[_CACHE], outputs[1], input_ids.shape[1] - state[_FED])
         state[_CACHE] = outputs[1]
         return super().update(outputs, input_ids, state)
 
@@ -387,6 +391,12 @@ class ReturnsCache(ModelAdapter):
                 state[_CACHE] = hook_result(self.crop_hook(state[_CACHE], length), state[_CACHE], "crop_cache",
                                             "crop_cache(cache, length) -> cache")
             else:
+                if state.get(_STILL) is not None:
+                    raise CacheTypeError(
+                        f"cannot drop positions from the cache: {state[_STILL]} did not grow along its "
+                        "second-to-last axis by the positions fed, so that axis is not the sequence (a recurrent "
+                        "state?) and hfbridge would cut the wrong one. Pass ReturnsCache(model, crop_cache=...)."
+                    )
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length
         return state

@@ -96,8 +96,8 @@ class HFModel(ModelAdapter):
         if getattr(model.config, "is_encoder_decoder", False):
             raise TypeError(
                 f"HFModel takes decoder-only models, but {type(model).__name__} is an encoder-decoder model; "
-                "pass its decoder step as a callable (ReturnsCache; docs/hf_models.md has the recipe) or use the model's "
-                "own generate."
+                "pass its decoder step as a callable (ReturnsCache; docs/hf_models.md has the recipe) or use the "
+                "model's own generate."
             )
         overridden = own_generate(model)
         if overridden is not None:

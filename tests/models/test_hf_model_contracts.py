@@ -217,3 +217,19 @@ def test_a_class_with_its_own_generate_is_refused_before_any_model_call():
             "MusicgenForCausalLM has a generate of its own (MusicgenForCausalLM.generate), which decodes differently")):
         generate(model, PROMPT, max_new_tokens=2)
     assert calls.count == 0
+
+
+def test_a_recurrent_state_whose_axis_only_looks_like_the_sequence_is_not_cropped():
+    # the state is [B, 1, 8, 4]: its second-to-last axis equals the positions the first call sees (6 prompt
+    # tokens and 2 drafts), but it never grows; hfbridge stops once a call shows that axis is not the sequence
+    torch.manual_seed(0)
+    table = torch.randn(16, 16)
+
+    def step(input_ids, cache):
+        state = torch.zeros(input_ids.shape[0], 1, 8, 4) if cache is None else cache + 1
+        return table[input_ids], state
+
+    with pytest.raises(CacheTypeError, match=r"cache \(shape \(1, 1, \d+, 4\) -> \(1, 1, \d+, 4\)\) did not grow along "
+                                             r"its second-to-last axis by the positions fed"):
+        generate(ReturnsCache(step), torch.tensor([[3, 4, 3, 4, 3, 4]]), max_new_tokens=8,
+                 prompt_lookup_num_tokens=2, eos_token_id=15)
