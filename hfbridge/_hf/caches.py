@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers.cache_utils import Cache, DynamicCache
 
-__all__ = ["CacheBase", "crop_hf_cache", "is_croppable", "is_hf_cache"]
+__all__ = ["CacheBase", "crop_hf_cache", "forgets_past", "is_croppable", "is_hf_cache"]
 
 CacheBase = DynamicCache
 
@@ -33,6 +33,12 @@ def is_croppable(cache: Any) -> bool:
     """Whether an HF `Cache` can drop positions (5.x: `is_croppable`, False with recurrent layers; 4.x: has `crop`)."""
     flag = getattr(cache, "is_croppable", None)
     return bool(flag) if flag is not None else callable(getattr(cache, "crop", None))
+
+
+def forgets_past(cache: Any) -> bool:
+    """Whether an HF `Cache` has sliding-window (or convolution) layers that drop what a rollback needs
+    (5.x: `record_past` off until `activate_past_recording()`, which HF's assisted loop calls on its cache)."""
+    return any(getattr(layer, "record_past", None) is False for layer in getattr(cache, "layers", None) or ())
 
 
 def crop_hf_cache(cache: Any, length: int) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from hfbridge._hf.caches import forgets_past
 from hfbridge._models.cache import CacheTypeError, not_growing
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
@@ -332,6 +333,15 @@ class ReturnsCache(ModelAdapter):
         self.takes_mask = named if attention_mask is None else attention_mask
         self.reorder_hook = checked_hook(reorder_cache, "reorder_cache", "reorder_cache(cache, beam_idx) -> cache")
         self.crop_hook = checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
+
+    def check_crop(self, state: dict[str, Any]) -> None:
+        if self.crop_hook is None and forgets_past(state.get(_CACHE)):
+            raise CacheTypeError(
+                f"the model's cache ({type(state[_CACHE]).__name__}) has sliding-window layers that drop the positions "
+                "a rollback of rejected draft tokens needs; call cache.activate_past_recording() on the cache your "
+                "step creates, before its first forward (as HF's assisted loop does), or pass "
+                "ReturnsCache(model, crop_cache=...)."
+            )
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
         if self.reorder_hook is None:

@@ -233,3 +233,32 @@ def test_a_recurrent_state_whose_axis_only_looks_like_the_sequence_is_not_croppe
                                              r"its second-to-last axis by the positions fed"):
         generate(ReturnsCache(step), torch.tensor([[3, 4, 3, 4, 3, 4]]), max_new_tokens=8,
                  prompt_lookup_num_tokens=2, eos_token_id=15)
+
+
+@pytest.mark.skipif(not hasattr(transformers.cache_utils.DynamicCache, "activate_past_recording"),
+                    reason="the installed transformers' sliding-window caches keep every position")
+def test_a_sliding_window_cache_in_a_callable_needs_past_recording_for_prompt_lookup():
+    from transformers import MistralConfig, MistralForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    torch.manual_seed(0)
+    hf = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
+                                          max_position_embeddings=64)).eval()
+
+    def stepper(record):
+        def step(input_ids, cache, attention_mask):
+            if cache is None:
+                cache = DynamicCache(config=hf.config)
+                if record:
+                    cache.activate_past_recording()  # as HF's assisted loop does on its own cache
+            out = hf(input_ids, attention_mask=attention_mask, cache=cache, use_cache=True)
+            return out.logits, out.cache
+        return ReturnsCache(step)
+
+    prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3, 4]])
+    options = dict(max_new_tokens=8, prompt_lookup_num_tokens=2, eos_token_id=63, pad_token_id=0)
+    with pytest.raises(CacheTypeError, match=re.escape("call cache.activate_past_recording() on the cache your step "
+                                                       "creates, before its first forward")):
+        generate(stepper(record=False), prompt, **options)
+    assert torch.equal(generate(stepper(record=True), prompt, **options), hf.generate(prompt, **options))
