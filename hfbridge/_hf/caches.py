@@ -36,9 +36,11 @@ def is_croppable(cache: Any) -> bool:
 
 
 def forgets_past(cache: Any) -> bool:
-    """Whether an HF `Cache` has sliding-window (or convolution) layers that drop what a rollback needs
+    """Whether an HF `Cache` has sliding-window layers that drop what a rollback needs
     (5.x: `record_past` off until `activate_past_recording()`, which HF's assisted loop calls on its cache)."""
-    return any(getattr(layer, "record_past", None) is False for layer in getattr(cache, "layers", None) or ())
+    # recurrent (linear-attention) layers cannot roll back at all: `is_croppable` says so, not this
+    return any(getattr(layer, "record_past", None) is False and getattr(layer, "is_sliding", False)
+               for layer in getattr(cache, "layers", None) or ())
 
 
 def crop_hf_cache(cache: Any, length: int) -> None:
