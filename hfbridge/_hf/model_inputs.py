@@ -10,7 +10,10 @@ way its own `generate` does goes through this module, and runs HF's own helper w
 | `_update_model_kwargs_for_generation` (which output carries the cache, under which input name: `past_key_values` up to 5.23, `cache` from 5.24, `cache_params`, `state`) | `carried_cache` | every version (4.x also advances `cache_position`) | called on each output; only the cache entries are kept |
 | `logits_to_keep=1` (`num_logits_to_keep` in 4.46) | `keep_logits_name` | 4.45+ | passed only when `forward` names it |
 | `_prepare_position_ids_for_generation` | `step_inputs` | 5.x (4.x makes them in `prepare_inputs_for_generation`) | called when it exists |
-| `prepare_inputs_for_generation` (`cache_position` in 4.x, `next_sequence_length` and `is_first_iteration` in 5.x) | `step_inputs` | every version | each passed when its signature names it |
+| `prepare_inputs_for_generation` (`cache_position` at every call in 4.x; `next_sequence_length` at every call and `is_first_iteration` at the prefill in 5.x) | `step_inputs` | every version | each passed when `GenerationMixin.prepare_inputs_for_generation` names it, whatever the override names (it hands them on through `**kwargs`); checked: `model-inputs` |
+| the cache HF's loop carries: the output's, else the one passed in (filled in place: the RoBERTa family) | `carried_cache` | every version | `_update_model_kwargs_for_generation` on the carried kwargs |
+| beam reorder: the model's `_reorder_cache` (5.x always; 4.x for legacy tuples), else `Cache.reorder_cache` | `reorder_model_cache` | every version | XLNet's sequence-first `mems` |
+| `_is_stateful` (assisted decoding refused), a class's own `generate` (refused) | `is_stateful`, `own_generate` | every version | before any model call |
 | `Cache.activate_past_recording` (sliding-window and linear layers keep what a rollback needs) | `keep_for_rollback` | 5.x | called on the target's cache for assisted decoding, where it exists |
 | an all-ones mask is dropped before the loop | `drops_full_mask` | 5.x | the mask is passed as `None` when the prompts have no padding |
 
