@@ -8,9 +8,15 @@ adapter you pass explicitly still wins). It does what `model.generate` does arou
   override it as in HF (see `hfbridge._generate.call`);
 - the first cache is the one HF's `generate` creates (`_prepare_cache_for_generation`); the prompt
   is fed once, then one new token per call with the cache the model returned;
-- each call's inputs come from the model's own `prepare_inputs_for_generation` (position ids from
-  the mask with left padding, the cache under the installed version's name, `logits_to_keep=1`);
-  see `hfbridge._hf.model_inputs` for what differs between transformers versions.
+- each call's inputs come from the model's own `prepare_inputs_for_generation`, given what the
+  installed `generate` passes it whatever the override names (`next_sequence_length` and
+  `is_first_iteration` in 5.x, `cache_position` in 4.x; position ids from the mask with left
+  padding, the cache under the installed version's name, `logits_to_keep=1`); a model that would be
+  fed its whole sequence again on top of its cache is a `TransformersContractError`; see
+  `hfbridge._hf.model_inputs` for what differs between transformers versions;
+- the cache carried is the one HF's loop carries: the one returned, else the one passed in (a model
+  that fills its cache in place); stateful models are refused for assisted decoding, and a class
+  with a `generate` of its own is refused, before any model call.
 
 Beam search reorders and assisted decoding crops the HF cache (`hfbridge._models.cache`).
 

@@ -62,3 +62,19 @@ def test_named_class_equals_its_own_generate(name):
 @pytest.mark.parametrize("name", _subset())
 def test_mapping_class_equals_its_own_generate(name):
     _check(name)
+
+
+def test_doctor_all_architectures_prints_the_table_and_counts():
+    import io
+
+    from hfbridge.__main__ import build_parser
+    from hfbridge.demo.architectures import run_all_architectures
+
+    assert build_parser().parse_args(["doctor", "--all-architectures"]).all_architectures
+    out = io.StringIO()
+    assert run_all_architectures(out, names=["GPT2LMHeadModel"]) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[2].split() == ["class", "greedy", "sampling", "beams"]
+    assert lines[3].split() == ["GPT2LMHeadModel", "ok", "ok", "ok"]
+    assert lines[-1] == ("1 causal-LM classes: 1 built tiny, 1 match transformers wherever its own generate runs "
+                         "(0 of them where it runs none of the strategies), 0 differ or fail, 0 skipped (not built)")
