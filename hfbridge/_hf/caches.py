@@ -43,18 +43,22 @@ def forgets_past(cache: Any) -> bool:
                for layer in getattr(cache, "layers", None) or ())
 
 
-def crop_hf_cache(cache: Any, length: int) -> None:
+def crop_hf_cache(cache: Any, length: int, cached: int | None = None) -> None:
     """Crop an HF `Cache` in place to `length` positions, whichever `crop` convention it has.
 
     transformers 4.x's `crop(max_length)` takes the length to keep; 5.x's `crop(tokens_to_remove)`
     takes minus the number of positions to drop (and trims sliding-window layers even for 0).
+    `cached`: the positions the model was fed, when known; the cache then loses `cached - length`
+    of them, as HF's loop crops it, even where it holds positions of its own besides (CPM-Ant's
+    prompt).
     """
     held = int(cache.get_seq_length())
+    remove = max((held if cached is None else cached) - length, 0)
     kind: Any = type(cache)
     if "tokens_to_remove" in _crop_parameters(kind):
-        cache.crop(-max(held - length, 0))
-    elif held > length:
-        cache.crop(length)
+        cache.crop(-remove)
+    elif remove > 0:
+        cache.crop(held - remove)
 
 
 @functools.cache

@@ -130,7 +130,7 @@ def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
                 "(ReturnsCache(model, crop_cache=...), Hooks(crop_state=...)) that restores a saved state, or do not "
                 "use assisted or prompt-lookup decoding with this model."
             )
-        crop_hf_cache(item, length)
+        crop_hf_cache(item, length, cached)
         return item
     if isinstance(item, torch.Tensor):
         return _crop_tensor(item, length, cached, where)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
+from hfbridge import generate
 from hfbridge._hf import names
-from hfbridge.demo.architectures import causal_lm_classes, check_architecture
+from hfbridge.demo.architectures import NEW, PAD, VOCAB, build_tiny, causal_lm_classes, check_architecture
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
 
@@ -78,3 +80,32 @@ def test_doctor_all_architectures_prints_the_table_and_counts():
     assert lines[3].split() == ["GPT2LMHeadModel", "ok", "ok", "ok"]
     assert lines[-1] == ("1 causal-LM classes: 1 built tiny, 1 match transformers wherever its own generate runs "
                          "(0 of them where it runs none of the strategies), 0 differ or fail, 0 skipped (not built)")
+
+
+_ONE_PROMPT = torch.tensor([[5, 9, 13, 5, 9, 13, 5, 9]])  # repeats: prompt lookup finds drafts
+
+
+@pytest.mark.parametrize("strategy", ["prompt lookup", "assistant"])
+@pytest.mark.parametrize("name", NAMED)
+def test_named_class_assisted_equals_its_own_generate(name, strategy):
+    if name not in _INSTALLED:
+        pytest.skip(f"{name} is not in the installed transformers' MODEL_FOR_CAUSAL_LM_MAPPING")
+    try:
+        model = build_tiny(_INSTALLED[name], name)
+    except Exception as error:
+        pytest.skip(f"{name} does not build tiny offline: {error}")
+    if getattr(model, "_is_stateful", False):
+        pytest.skip(f"{name} is stateful: assisted decoding is refused, as by HF (tested in test_hf_model_contracts)")
+    extra: dict = ({"prompt_lookup_num_tokens": 2} if strategy == "prompt lookup"
+                   else {"assistant_model": build_tiny(_INSTALLED[name], name, seed=1)})
+    options = dict(max_new_tokens=NEW, pad_token_id=PAD, eos_token_id=VOCAB - 1, do_sample=False, **extra)
+    with torch.no_grad():
+        try:
+            theirs = model.generate(_ONE_PROMPT, **options)
+        except Exception as error:
+            pytest.skip(f"transformers' own generate raised {type(error).__name__}: {error}")
+        greedy = model.generate(_ONE_PROMPT, **{k: v for k, v in options.items() if k not in extra})
+        if not torch.equal(theirs, greedy):  # greedy assisted decoding gives the target's greedy tokens
+            pytest.skip(f"transformers' own {strategy} decoding of tiny {name} differs from its own greedy decoding")
+        ours = generate(model, _ONE_PROMPT, **options)
+    assert torch.equal(ours, theirs)
