@@ -122,7 +122,10 @@ def reorder_model_cache(model: Any, cache: Any, beam_idx: torch.Tensor) -> Any:
     own = getattr(model, "_reorder_cache", None)
     legacy = isinstance(cache, (tuple, list))
     if callable(own) and (_TRANSFORMERS_MAJOR >= 5 or legacy):
-        return own(cache, beam_idx)
+        try:
+            return own(cache, beam_idx)
+        except NotImplementedError:  # 4.x's GenerationMixin._reorder_cache: the model has none of its own
+            pass
     if not isinstance(cache, (tuple, list, dict, torch.Tensor)) and callable(getattr(cache, "reorder_cache", None)):
         cache.reorder_cache(beam_idx)
         return cache
