@@ -77,6 +77,21 @@ def _checked_mask(attention_mask: Any, input_ids: torch.Tensor) -> torch.Tensor:
     return attention_mask
 
 
+def check_inferred_mask(attention_mask: torch.Tensor, pad_token_id: Any) -> torch.Tensor:
+    """The mask HF inferred from `pad_token_id` (no `attention_mask` passed), refused as a passed one where a row
+    is all zeros: a prompt made only of pad tokens (an encoder-decoder's decoder starts with its pad token)."""
+    empty = ~(attention_mask != 0).any(dim=-1)
+    if bool(empty.any()):
+        pad = pad_token_id.tolist() if isinstance(pad_token_id, torch.Tensor) else pad_token_id
+        raise ValueError(
+            f"no `attention_mask` was passed, and the one inferred from pad_token_id={pad} (every pad token is "
+            f"padding, as in HF's generate) is all zeros in row {int(empty.nonzero()[0, 0])}: that prompt is only pad "
+            "tokens (an encoder-decoder's decoder starts with its pad token). Pass attention_mask= (e.g. "
+            "torch.ones_like(input_ids)) or another pad_token_id."
+        )
+    return attention_mask
+
+
 def split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Generation options (fields of the installed `GenerationConfig`) and model inputs (the rest)."""
     known = generation_option_names() | frozenset(COMMUNITY_OPTIONS)  # + hfbridge.processors' options

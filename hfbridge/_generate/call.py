@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, TextStreamer
 
-from hfbridge._generate.args import check_carried_options, check_config, checked_arguments, has_default_max_length
+from hfbridge._generate.args import (
+    check_carried_options,
+    check_config,
+    check_inferred_mask,
+    checked_arguments,
+    has_default_max_length,
+)
 from hfbridge._generate.guidance import split_guidance, unconditional_branch
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
@@ -77,7 +83,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
         strategy.check(adapter, config, options, rows=batch * expand, model_inputs=model_inputs)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
     if attention_mask is None:
-        attention_mask = host.attention_mask(input_ids, config)
+        attention_mask = check_inferred_mask(host.attention_mask(input_ids, config), special_token(config, "pad"))
     if batch > 1 and bool((attention_mask[:, -1] == 0).any()):
         warnings.warn(
             "`attention_mask` has padding at the end of some rows (right padding); decoder-only models need "
