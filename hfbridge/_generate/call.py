@@ -128,7 +128,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
                                     attention_mask=padding, fast=fast,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
                                     unconditional=unconditional, tokenizer=tokenizer,
-                                    per_row=per_row)
+                                    per_row=per_row, vocab_from_tokenizer=not isinstance(adapter, HFModel))
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
         state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model))

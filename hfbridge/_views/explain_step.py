@@ -191,7 +191,8 @@ def explain_step(
     Args:
         logits: Model output, as for `sample_step` (any layout, dtype or padded vocabulary).
         input_ids: ``(batch, seq)`` tokens so far, needed by penalties. Default: ``None``.
-        tokenizer: A HF tokenizer to show tokens as text. Default: ``None`` (ids are shown).
+        tokenizer: A HF tokenizer to show tokens as text; without ``vocab_size``, the logits' columns
+            from its size on are padding and dropped, as in `sample_step`. Default: ``None`` (ids are shown).
         top: How many tokens to record per stage. Default: ``10``.
         row: Which row of the batch to explain (rows as the layout flattens them). Default: ``0``.
         **options: Everything `sample_step` / `Sampler` accepts. Each processor runs once, so a
