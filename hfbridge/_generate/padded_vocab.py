@@ -33,8 +33,9 @@ def check_model_index_error(error: BaseException, input_ids: torch.Tensor, step:
     highest = int(input_ids.max())
     raise ValueError(
         f"generate(): at step {step} the model raised IndexError, fed token ids up to {highest} "
-        f"(IndexError: {error}). A model whose logits have more columns than its embedding has rows (a padded vocabulary, as nanoGPT's 50304 "
-        "columns for GPT-2's 50257 tokens) draws ids it cannot embed: pass vocab_size= (the number of real "
-        "tokens), or tokenizer= (its size is then used), so that the padding is never chosen. If every id is "
-        "below the embedding's size, the model's own index failed (positions past its context length?)."
+        f"(IndexError: {error}). A model whose logits have more columns than its embedding has rows (a padded "
+        "vocabulary, as nanoGPT's 50304 columns for GPT-2's 50257 tokens) draws ids it cannot embed: pass "
+        "vocab_size= (the number of real tokens), or tokenizer= (its size is then used), so that the padding is "
+        "never chosen. If every id is below the embedding's size, the model's own index failed (positions past "
+        "its context length?)."
     ) from error

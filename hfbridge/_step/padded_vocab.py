@@ -60,6 +60,7 @@ def check_drawn_ids(tokens: list[int], *, columns: int, tokenizer: Any, caller: 
         return
     raise ValueError(
         f"{caller}: the generation drew token id {max(tokens)}, but the tokenizer knows {size} tokens "
-        f"(ids 0-{size - 1}) while the scores have {columns} columns: the model's vocabulary is padded. Generate again with "
-        f"vocab_size={size} (or tokenizer=, whose size is then used), so that padding ids are never drawn."
+        f"(ids 0-{size - 1}) while the scores have {columns} columns: the model's vocabulary is padded. "
+        f"Generate again with vocab_size={size} (or tokenizer=, whose size is then used), so that padding ids "
+        "are never drawn."
     )
