@@ -32,7 +32,7 @@ from hfbridge._generate.loop import decode as loop_decode
 from hfbridge._generate.modes import is_assisted, is_beam
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._hf.host import ProcessorHost, generation_option_names, special_token
-from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
 from hfbridge._step.per_row import PerRowValues, split_per_row
@@ -82,8 +82,10 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     if is_beam(config):
         check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
+    inferred = attention_mask is None
     if attention_mask is None:
         attention_mask = host.attention_mask(input_ids, config)
+    check_padding_taken(adapter, attention_mask, inferred=inferred)  # a model without a mask parameter
     if batch > 1 and bool((attention_mask[:, -1] == 0).any()):
         warnings.warn(
             "`attention_mask` has padding at the end of some rows (right padding); decoder-only models need "
