@@ -24,8 +24,8 @@ class DemoConfig:
 
     Args:
         vocab_size: Number of token ids. Default: ``512``.
-        block_size: Longest sequence (prompt plus new tokens) the position table covers.
-            Default: ``256``.
+        block_size: Longest sequence the position table covers: the longest prompt, and the
+            longest context; a :class:`KVCache` slides past it. Default: ``256``.
         n_layer: Number of transformer blocks. Default: ``4``.
         n_head: Attention heads per block; must divide ``n_embd``. Default: ``4``.
         n_embd: Width of the residual stream. Default: ``128``.
