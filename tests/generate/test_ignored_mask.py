@@ -4,9 +4,10 @@ import warnings
 
 import pytest
 import torch
-from _tiny_models import TinyCore, TinyMasked, TinyRecompute
 
 from hfbridge import ReturnsCache, generate
+
+from _tiny_models import TinyCore, TinyMasked, TinyRecompute
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,9 +5,10 @@ import warnings
 
 import pytest
 import torch
-from _tiny_models import char_tokenizer, tiny_gpt2
 
 from hfbridge import explain_generation, generate, logprobs
+
+from _tiny_models import char_tokenizer, tiny_gpt2
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf")
 

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from _tiny_models import char_tokenizer
 from tokenizers import Tokenizer, models
 
 from hfbridge import Sampler, explain_step, sample_step
 from hfbridge._step.padded_vocab import check_drawn_ids, tokenizer_size
+
+from _tiny_models import char_tokenizer
 
 TOKENS = 45  # char_tokenizer's size
 COLUMNS = 64  # the model's padded output
