@@ -142,7 +142,7 @@ def generate(
 
     For the same options and the same `torch.manual_seed`, the result is token for token what
     `model.generate()` returns for an HF model called the same way (greedy, sampling, beam search and
-    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_generate/hf_loops/beam.py`).
+    beam sampling; `num_beams > 1` runs HF's own beam loop, see docs/generate.md).
 
     Args:
         model: A plain callable `model(input_ids) -> logits` that recomputes the whole sequence
@@ -211,7 +211,7 @@ def generate(
             `negative_prompt_attention_mask=` `(batch, seq)`; the unconditional sequence runs through
             the same adapter with its own state, one call per step as HF's processor makes them (an
             `InputPos` model needs `unconditional_model=`, a second `InputPos` with its own caches;
-            see `hfbridge._generate.guidance`). `watermarking_config=` builds HF's watermark processor
+            see docs/guidance_watermark.md). `watermarking_config=` builds HF's watermark processor
             for the logits' vocabulary.
 
     Returns:

@@ -132,7 +132,7 @@ class ModelAdapter:
 
         Called after every beam search step. The default has nothing to reorder (a model that
         recomputes the whole sequence); override it when your adapter carries a cache in `state`
-        (`hfbridge._models.cache.reorder_cache` handles HF `Cache` objects and batch-first tensor nests).
+        (`hfbridge.reorder_cache` handles HF `Cache` objects and batch-first tensor nests).
         """
         return state
 
@@ -300,7 +300,7 @@ class ReturnsCache(ModelAdapter):
         reorder_cache: `reorder_cache(cache, beam_idx) -> cache`, `beam_idx` `(rows,)`: the cache
             whose row `i` is row `beam_idx[i]` of `cache`. Default: `hfbridge`'s automatic one.
         crop_cache: `crop_cache(cache, length) -> cache`: the cache holding only its first
-            `length` positions. Default: `hfbridge`'s automatic one (`hfbridge._models.cache.crop_cache`).
+            `length` positions. Default: `hfbridge`'s automatic one (`hfbridge.crop_cache`).
 
     >>> import torch
     >>> from hfbridge import ReturnsCache, generate

@@ -60,7 +60,7 @@ class Sampler(StepInputs):
         unconditional: For `guidance_scale`: `unconditional(input_ids) -> logits`, called once per
             step with the `(rows, seq)` tokens so far; returns the model's output on the
             unconditional (or negative) sequence, in the logits' layout, whose last position HF's
-            classifier-free guidance mixes in (`hfbridge._step.guidance`). `generate` makes these
+            classifier-free guidance mixes in (docs/guidance_watermark.md). `generate` makes these
             calls itself; `sample_step` takes the step's `unconditional_logits=`.
         tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings);
             without `vocab_size`, the logits' columns from its size on are padding and dropped.
