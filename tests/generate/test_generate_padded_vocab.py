@@ -90,3 +90,9 @@ def test_views_refuse_a_drawn_padding_id():
     entries = logprobs(clean, char_tokenizer(), top_logprobs=3)
     assert all(entry["token"] != "" for entry in entries[0]["content"])
     assert explain_generation(clean, char_tokenizer()).steps[0].token < TOKENS
+
+
+def test_assisted_decoding_drops_both_models_padding():
+    target, draft = Padded(COLUMNS), Padded(COLUMNS)
+    ours = generate(target, PROMPT[:1], max_new_tokens=12, tokenizer=char_tokenizer(), assistant_model=draft)
+    assert torch.equal(ours, generate(target, PROMPT[:1], max_new_tokens=12, vocab_size=TOKENS))
