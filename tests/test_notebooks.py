@@ -8,6 +8,7 @@ appear once is checked to produce exactly one image.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,33 @@ def test_notebook_runs(path, monkeypatch):
         if ".plot(" in cell.source:
             images = [o for o in cell.outputs if "image/png" in o.get("data", {})]
             assert len(images) == 1, f"{path.name}: a .plot() cell should show one figure:\n{cell.source}"
+    if path.name.startswith("07_"):
+        check_each_sampler_shows(notebook)
+
+
+def _text(cell) -> str:
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+
+
+def _rank_one(trace_text: str) -> list[str]:
+    """The best token of each stage of an `explain_step` printed as text."""
+    return re.findall(r"^\s+1  (.+?)\s+-?[\d.]+\s+[\d.]+(?:  <- chosen)?$", trace_text, flags=re.M)
+
+
+def check_each_sampler_shows(notebook) -> None:
+    """Notebook 07: each sampler changes the text it is shown on, and its step's distribution."""
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    warpers = _text(next(cell for cell in cells if "warpers = {" in cell.source))
+    texts = dict(line.split(": ", 1) for line in warpers.strip().splitlines())
+    assert len(texts) == 6 and len(set(texts.values())) == 6, texts  # every warper changes the text
+    penalties = next(cell for cell in cells if "penalties = {" in cell.source)
+    repeats = {name.strip(): int(n) for name, n in re.findall(r"^(.*): the longest repeat is (\d+) tokens$",
+                                                              _text(penalties), flags=re.M)}
+    assert repeats["greedy"] > repeats["presence / frequency"] > repeats["DRY"], repeats
+    shown = "".join(o["data"]["text/html"] for o in penalties.outputs if "text/html" in o.get("data", {}))
+    columns = re.findall(r"white-space:pre-wrap'>(.*?)</span>", shown, flags=re.S)
+    assert len(columns) == 3 and len(set(columns)) == 3
+    for marker in ("presence_penalty=1.0", "dry_multiplier=0.8, top=6"):
+        trace = _text(next(cell for cell in cells if marker in cell.source and "explain_step(" in cell.source))
+        best = _rank_one(trace)
+        assert len(best) == 2 and best[0] != best[1], trace  # the processor changed the most likely token

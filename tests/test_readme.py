@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+from _examples import run_example
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -40,14 +42,27 @@ def test_supported_versions_table_matches_setup_cfg():
     assert f"python_requires = >={lowest['Python']}" in setup_cfg
 
 
-def runnable_examples() -> list[str]:
-    """The README's self-contained Python examples: the blocks that start with their imports."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+def runnable_examples(name: str = "README.md") -> list[str]:
+    """The self-contained Python examples of `name`: the blocks that start with their imports."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / name).read_text(), flags=re.S)
     return [block for block in blocks if block.startswith(("import ", "from "))]
 
 
-def test_readme_examples_run():
+def test_readme_examples_run_warning_free():
     examples = runnable_examples()
     assert len(examples) >= 4
     for example in examples:
-        exec(compile(example, "README.md", "exec"), {})
+        run_example(example, "README.md")  # any warning (a renamed transformers keyword) is an error
+
+
+def test_changelog_examples_run_warning_free():
+    examples = runnable_examples("CHANGELOG.md")
+    assert examples
+    for example in examples:
+        run_example(example, "CHANGELOG.md")
+
+
+def test_dated_facts_live_in_the_changelog():
+    readme = (ROOT / "README.md").read_text()
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b|commit [0-9a-f]{7}", readme)  # dates and commits go stale
+    assert "## What 0.2 adds" not in readme and "## 0.2.0" in (ROOT / "CHANGELOG.md").read_text()

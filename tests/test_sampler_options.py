@@ -206,8 +206,8 @@ def test_fast_path_draws_from_the_set():
 def test_explain_step_shows_each_sampler():
     trace = explain_step(torch.randn(1, 40), torch.randint(0, 40, (1, 12)), dry_multiplier=1.0,
                          dry_sequence_breakers=[], top_n_sigma=1.0, xtc_probability=1.0, top_k=0)
-    assert [stage.name for stage in trace.stages] == ["input", "hfbridge.DRYLogitsProcessor",
-                                                      "hfbridge.TopNSigmaLogitsWarper", "hfbridge.XTCLogitsWarper"]
+    assert [stage.name for stage in trace.stages] == ["input", "DRYLogitsProcessor",
+                                                      "TopNSigmaLogitsWarper", "XTCLogitsWarper"]
     assert trace.stages[-1].possible < trace.stages[0].possible
 
 

@@ -14,10 +14,10 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from hfbridge import explain_generation, explain_step
 from hfbridge._views.html import el
 
-TAGS = {"div", "span", "b", "br", "table", "thead", "tbody", "tr", "th", "td", "code", "details", "summary"}
+TAGS = {"wbr", "div", "span", "b", "br", "table", "thead", "tbody", "tr", "th", "td", "code", "details", "summary"}
 ATTRIBUTES = {"style", "title", "class", "data-step"}
 PAGE_TAGS = {"html", "head", "meta", "title", "style", "body"}
-VOID = {"br", "meta"}
+VOID = {"br", "meta", "wbr"}
 
 
 class Parsed(HTMLParser):

@@ -37,7 +37,7 @@ from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.prepared import Call
 from hfbridge._hf.host import ProcessorHost, generation_option_names, special_token
-from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
@@ -82,8 +82,10 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     if strategy.check is not None:
         strategy.check(adapter, config, options, rows=batch * expand, model_inputs=model_inputs)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
+    inferred = attention_mask is None
     if attention_mask is None:
         attention_mask = check_inferred_mask(host.attention_mask(input_ids, config), special_token(config, "pad"))
+    check_padding_taken(adapter, attention_mask, inferred=inferred)  # a model without a mask parameter
     if batch > 1 and bool((attention_mask[:, -1] == 0).any()):
         warnings.warn(
             "`attention_mask` has padding at the end of some rows (right padding); decoder-only models need "
@@ -125,7 +127,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                                     attention_mask=padding, fast=fast,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
                                     unconditional=unconditional, tokenizer=tokenizer,
-                                    per_row=per_row)
+                                    per_row=per_row, vocab_from_tokenizer=not isinstance(adapter, HFModel))
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
         state = adapter.begin(state, config, prompts=batch, assisted=mode == ASSISTED)

@@ -143,7 +143,7 @@ def generate(
 
     For the same options and the same `torch.manual_seed`, the result is token for token what
     `model.generate()` returns for an HF model called the same way (greedy, sampling, beam search and
-    beam sampling; `num_beams > 1` runs HF's own beam loop, see `_generate/hf_loops/beam.py`).
+    beam sampling; `num_beams > 1` runs HF's own beam loop, see docs/generate.md).
 
     Args:
         model: A plain callable `model(input_ids) -> logits` that recomputes the whole sequence
@@ -166,10 +166,12 @@ def generate(
         streamer: A `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`, any object with
             `put`/`end`): receives the prompt first, then each step's tokens, as HF sends them.
         tokenizer: Needed for `stop_strings` (HF's `StopStringCriteria`) and for DRY's string
-            sequence breakers (`dry_sequence_breakers`, strings by default).
+            sequence breakers (`dry_sequence_breakers`, strings by default). Without `vocab_size`,
+            the logits' columns from the tokenizer's size on are padding and never chosen (a model
+            that is a transformers model keeps every column, as its `model.generate`).
         layout: The logits' layout when not `"b t v"`, e.g. `"t b v"`, `"b v"` (see `Sampler`).
         vocab_size: The real vocabulary size when the model's output is padded (extra columns can
-            never be chosen).
+            never be chosen). Default: the tokenizer's size when one is passed, else every column.
         generator: A `torch.Generator` for sampling, or a list with one per returned sequence
             (prompts x `num_return_sequences`): row i drawn from generator i only, so it does not
             depend on the rest of the batch. Default: the global RNG, as HF.
@@ -213,7 +215,7 @@ def generate(
             `negative_prompt_attention_mask=` `(batch, seq)`; the unconditional sequence runs through
             the same adapter with its own state, one call per step as HF's processor makes them (an
             `InputPos` model needs `unconditional_model=`, a second `InputPos` with its own caches;
-            see `hfbridge._generate.guidance`). `watermarking_config=` builds HF's watermark processor
+            see docs/guidance_watermark.md). `watermarking_config=` builds HF's watermark processor
             for the logits' vocabulary.
 
     Returns:

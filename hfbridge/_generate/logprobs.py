@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from hfbridge._generate.output import padding_flags, read_output, score_rows, stacked_rows, token_ids
+from hfbridge._step.padded_vocab import check_drawn_ids
 
 __all__ = ["logprobs", "token_entry"]
 
@@ -79,6 +80,7 @@ def logprobs(output: Any, tokenizer: Any = None, *, top_logprobs: int = 0, kind:
         if beam_indices is None:
             padding = padding_flags(tokens, eos, next(iter(pad), None))
         kept = [t for t, filler in enumerate(padding) if not filler]
+        check_drawn_ids([tokens[t] for t in kept], columns=vocab, tokenizer=tokenizer, caller="logprobs")
         rows = stacked_rows(per_step, [sources[t] for t in kept], "scores" if kind == "processed" else "logits")
         result.append({"content": _content(rows, [tokens[t] for t in kept], top_logprobs, tokenizer, texts)})
     return result

@@ -29,6 +29,7 @@ import torch
 from transformers import StoppingCriteriaList
 
 from hfbridge._generate.finished import FinishedRows, InvalidRows
+from hfbridge._generate.padded_vocab import check_model_index_error
 from hfbridge._generate.prepared import Call as _Call
 from hfbridge._hf.host import special_token
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
@@ -221,6 +222,7 @@ def forward_and_update(adapter: ModelAdapter, input_ids: torch.Tensor, state: di
     except AdapterTypeError as error:
         raise TypeError(f"generate(): at step {step}: {error}") from None
     except Exception as error:
+        check_model_index_error(error, input_ids, step)  # a drawn id past the embedding: vocab_size=
         add_note(error, f"hfbridge.generate: raised at step {step} (step 0 is the prompt's forward pass; {context}).")
         raise
     return outputs, state

@@ -26,6 +26,7 @@ torch.Size([1, 3])
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -134,7 +135,7 @@ class ModelAdapter:
 
         Called after every beam search step. The default has nothing to reorder (a model that
         recomputes the whole sequence); override it when your adapter carries a cache in `state`
-        (`hfbridge._models.cache.reorder_cache` handles HF `Cache` objects and batch-first tensor nests).
+        (`hfbridge.reorder_cache` handles HF `Cache` objects and batch-first tensor nests).
         """
         return state
 
@@ -305,7 +306,7 @@ class ReturnsCache(ModelAdapter):
         reorder_cache: `reorder_cache(cache, beam_idx) -> cache`, `beam_idx` `(rows,)`: the cache
             whose row `i` is row `beam_idx[i]` of `cache`. Default: `hfbridge`'s automatic one.
         crop_cache: `crop_cache(cache, length) -> cache`: the cache holding only its first
-            `length` positions. Default: `hfbridge`'s automatic one (`hfbridge._models.cache.crop_cache`).
+            `length` positions. Default: `hfbridge`'s automatic one (`hfbridge.crop_cache`).
         attention_mask: Whether the step takes `attention_mask=`. Default: None, read from its
             signature (a step that names it takes it; one without `**kwargs` does not).
 
@@ -410,3 +411,36 @@ class ReturnsCache(ModelAdapter):
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length
         return state
+
+
+
+def check_padding_taken(adapter: ModelAdapter, attention_mask: torch.Tensor, *, inferred: bool) -> None:
+    """Refuse padding for a model that takes no mask (`Recompute`, `ReturnsCache`): it would attend to it.
+
+    A mask the caller passed is refused, not warned about: the padded rows' tokens would change with no
+    other sign (a row alone and the same row left-padded in a batch give different tokens), a warning
+    is easily lost in a loop or a notebook, and the fix is one parameter. A mask inferred from
+    `pad_token_id` in the prompt (HF's rule) gets a warning instead: the pad id may be a real token
+    of a model that does not care where it stands. One host read, at the start of the call.
+    """
+    if getattr(adapter, "takes_mask", True):
+        return
+    padded = (attention_mask == 0).any(dim=-1)  # [B]
+    if not bool(padded.any()):
+        return
+    rows = padded.nonzero().flatten().tolist()
+    fix = ("Give the model's forward an `attention_mask` parameter (a `**kwargs` does not count; it receives the "
+           "(batch, seq) mask of the whole sequence, 0 on padding), or generate each prompt on its own, without "
+           "padding")
+    signature = f"its parameters: {parameter_list(adapter.signature)}"
+    if inferred:
+        warnings.warn(
+            f"`pad_token_id` appears in the prompt of row(s) {rows}, so the attention mask inferred from it (HF's "
+            f"rule) has padding, but the model takes no `attention_mask` parameter ({signature}) and attends to "
+            f"those tokens. {fix}; if they are real tokens, pass attention_mask= of ones.",
+            UserWarning, stacklevel=5)  # the caller of generate
+        return
+    raise ValueError(
+        f"`attention_mask` has padding (zeros) in row(s) {rows}, but the model takes no `attention_mask` parameter "
+        f"({signature}), so it would attend to the padding and those rows' tokens would change. {fix}."
+    )

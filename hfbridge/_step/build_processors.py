@@ -249,7 +249,7 @@ def build_processors(
             `PrefixConstrainedLogitsProcessor` masks every other token (lm-format-enforcer's entry point).
         unconditional: For `guidance_scale`: `unconditional(input_ids) -> logits`, the model's logits on
             the unconditional (or negative) prompt, called once per step by HF's guidance processor
-            (see `hfbridge._step.guidance.ClassifierFreeGuidance`). Required with `guidance_scale` != 1.
+            (docs/guidance_watermark.md). Required with `guidance_scale` != 1.
         tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`).
         **generation_kwargs: `GenerationConfig` options (`temperature`, `top_p`, `repetition_penalty`, ...).
 

@@ -32,8 +32,9 @@ MAX_LIST_PARAM = 8  # longer lists or tensors (vocabulary-sized masks) are not s
 
 
 def processor_name(processor: Any) -> str:
-    """HF's class name (``TopPLogitsWarper``), a function's own name; other packages' classes
-    get their package in front (``xgrammar.LogitsProcessor``).
+    """HF's class name (``TopPLogitsWarper``), hfbridge's samplers' too (``DRYLogitsProcessor``: they
+    are `transformers.LogitsProcessor`s), a function's own name; other packages' classes get their
+    package in front (``xgrammar.LogitsProcessor``).
 
     >>> processor_name(len)
     'len'
@@ -45,7 +46,8 @@ def processor_name(processor: Any) -> str:
         return display
     cls = type(processor)
     package = cls.__module__.split(".")[0]
-    return cls.__name__ if package in ("transformers", "__main__", "builtins") else f"{package}.{cls.__name__}"
+    ours = ("transformers", "hfbridge", "__main__", "builtins")
+    return cls.__name__ if package in ours else f"{package}.{cls.__name__}"
 
 
 def processor_params(processor: Any, *, structured: bool = False) -> dict[str, Any]:

@@ -60,6 +60,19 @@ def sample_step(
             for this step on the unconditional (or negative) sequence, in the layout of `logits`;
             its last position is mixed in as HF's guidance processor mixes it. A `watermarking_config`
             of SynthID Text keeps state from step to step: use a `Sampler` for it.
+        tokenizer: For DRY's string sequence breakers; without `vocab_size`, the logits' columns
+            from its size on are padding and dropped (see `Sampler`).
+        **generation_kwargs: HF's `GenerationConfig` options that make logits processors
+            (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`, `eta_cutoff`,
+            `top_h`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`,
+            `suppress_tokens`, `min_new_tokens`, `guidance_scale`, `watermarking_config`, ...; the
+            numeric ones take one value per row), and the community samplers' options
+            (`hfbridge.processors`, docs/samplers.md): DRY (`dry_multiplier`, `dry_base`,
+            `dry_allowed_length`, `dry_penalty_last_n`, `dry_sequence_breakers`), XTC
+            (`xtc_threshold`, `xtc_probability`), `top_n_sigma`, `presence_penalty`,
+            `frequency_penalty`, `penalty_last_n`, dynamic temperature (`dynatemp_range`,
+            `dynatemp_exponent`), smoothing (`smoothing_factor`, `smoothing_curve`) and mirostat
+            (`mirostat`, `mirostat_tau`, `mirostat_eta`).
 
     Returns:
         Token ids with the layout's batch shape (`(batch,)` for `"b t v"`, 0-d for `"v"`), on the

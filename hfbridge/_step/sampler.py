@@ -20,6 +20,7 @@ from hfbridge._step.guidance import checked_unconditional
 from hfbridge._step.inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
+from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
 from hfbridge._step.processor_list import CheckedProcessorList, processor_name
@@ -38,7 +39,9 @@ class Sampler(StepInputs):
         layout: Axis names of the logits, e.g. `"b t v"` (default for 3-D), `"t b v"`, `"b v t"`,
             `"b v"` (default for 2-D), `"v"` (default for 1-D), `"t v"`, `"b k t v"`.
         vocab_size: The real vocabulary when the model's output is padded (50257 of 50304
-            columns): the extra columns are dropped and can never be chosen. Default: all columns.
+            columns): the extra columns are dropped and can never be chosen. Default: all columns,
+            or, with a `tokenizer`, the columns below its size (the rest are padding; pass the
+            logits' width to keep them).
         do_sample: `True` samples, `False` is greedy. Default `None`: sample when any sampling
             option (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
             `eta_cutoff`, `top_h`) is passed, else follow `generation_config.do_sample`, else greedy.
@@ -57,9 +60,10 @@ class Sampler(StepInputs):
         unconditional: For `guidance_scale`: `unconditional(input_ids) -> logits`, called once per
             step with the `(rows, seq)` tokens so far; returns the model's output on the
             unconditional (or negative) sequence, in the logits' layout, whose last position HF's
-            classifier-free guidance mixes in (`hfbridge._step.guidance`). `generate` makes these
+            classifier-free guidance mixes in (docs/guidance_watermark.md). `generate` makes these
             calls itself; `sample_step` takes the step's `unconditional_logits=`.
-        tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings).
+        tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings);
+            without `vocab_size`, the logits' columns from its size on are padding and dropped.
         **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor, and the
             options of `hfbridge.processors`' samplers (`dry_multiplier`, `top_n_sigma`, ...). The
             numeric ones of HF (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
@@ -116,7 +120,8 @@ class Sampler(StepInputs):
                prompt_length: int | None = None, attention_mask: torch.Tensor | None = None,
                fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
                unconditional: Callable[[torch.Tensor], Any] | None = None,
-               tokenizer: Any = None, per_row: PerRowValues | None = None) -> None:
+               tokenizer: Any = None, per_row: PerRowValues | None = None,
+               vocab_from_tokenizer: bool = True) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -130,6 +135,8 @@ class Sampler(StepInputs):
         self.layout = Layout(layout) if isinstance(layout, str) else layout
         self._layouts: dict[int, Layout] = {}  # default layouts by number of axes
         self.vocab_size = vocab_size
+        # No `vocab_size`: the columns past the tokenizer's ids are padding (`_step/padded_vocab.py`)
+        self._tokenizer_vocab = tokenizer_size(tokenizer) if vocab_size is None and vocab_from_tokenizer else None
         self.prompt_length = prompt_length
         self.fast = bool(fast)
         self._plan = per_row.plan(config) if per_row is not None else None  # may turn do_sample off: all greedy

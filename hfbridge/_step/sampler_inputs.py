@@ -29,6 +29,7 @@ class StepInputs:
     layout: Layout | LayoutLike
     _layouts: dict[int, Layout]
     vocab_size: int | None
+    _tokenizer_vocab: int | None  # the tokenizer's size when `vocab_size` is None (`_step/padded_vocab.py`)
     generation_config: GenerationConfig
     _vocab_checked: int | None
     _device: torch.device
@@ -80,6 +81,13 @@ class StepInputs:
         layout.check(logits)
         return self._last_rows(logits, layout)
 
+    def vocab_limit(self, columns: int) -> int | None:
+        """How many of `columns` vocabulary columns a step keeps (None: all), `vocab_size` or the tokenizer's size."""
+        if self.vocab_size is not None:
+            return self.vocab_size
+        known = self._tokenizer_vocab
+        return known if known is not None and columns > known else None
+
     def rows(self, logits: Any) -> torch.Tensor:
         """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.
 
@@ -104,7 +112,8 @@ class StepInputs:
             rows = layout.to_rows(logits)  # [N, V_padded], a view where possible
         columns = rows.shape[-1]
         if self.vocab_size is None:
-            return rows
+            known = self._tokenizer_vocab
+            return rows[:, :known] if known is not None and columns > known else rows  # padding past the tokenizer
         if self.vocab_size > columns:
             raise ValueError(
                 f"`vocab_size`={self.vocab_size} but the logits have only {columns} vocabulary columns "
@@ -160,6 +169,8 @@ class StepInputs:
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise ValueError(
                 f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
-                f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size})."
+                f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size}"
+                + (f", the tokenizer's size, {self._tokenizer_vocab}: pass vocab_size= to keep more columns"
+                   if self.vocab_size is None and vocab == self._tokenizer_vocab else "") + ")."
             )
         return ids

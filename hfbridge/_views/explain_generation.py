@@ -20,6 +20,7 @@ from hfbridge._generate.output import padding_flags as _padding_flags
 from hfbridge._generate.output import read_output, score_rows, stacked_rows
 from hfbridge._generate.output import token_ids as _token_ids
 from hfbridge._step.option_checks import check_tokenizer
+from hfbridge._step.padded_vocab import check_drawn_ids
 from hfbridge._views import trace_html as _trace_html
 from hfbridge._views import trace_view as _trace_view
 
@@ -278,6 +279,8 @@ def explain_generation(
             f"output.sequences row {row} holds token id {max(tokens)}, but the scores have {vocab} vocabulary "
             "columns; pass the output of the same generate call."
         )
+    check_drawn_ids([t for t, filler in zip(tokens, padding) if not filler], columns=vocab, tokenizer=tokenizer,
+                    caller="explain_generation")
     model = None
     if logits is not None:
         model = stacked_rows(logits, sources, "logits")

@@ -33,7 +33,7 @@ class Stage:
 
     Attributes:
         name: ``"input"`` for the model's scores, else the processor's class name (with its
-            package in front when it is not from transformers: ``xgrammar.LogitsProcessor``).
+            package in front when it is neither transformers' nor hfbridge's: ``xgrammar.LogitsProcessor``).
         params: The processor's constructor settings (``{"temperature": 0.7}``); empty for the input.
         scores: ``(vocab,)`` float32 scores after this stage; ``-inf`` marks removed tokens.
         top_ids: Ids of the ``top`` highest-scoring tokens still possible, best first.
@@ -41,6 +41,9 @@ class Stage:
         top_probs: Their softmax probabilities.
         possible: How many tokens still have a finite score.
         entropy: Entropy of the softmax distribution, in nats.
+        changed: How many scores this stage changed (``None`` for the input). A stage that changed
+            none of the tokens shown changed 0, or only tokens below them (a repetition penalty
+            on the prompt's tokens when none of them is likely).
     """
 
     name: str
@@ -51,6 +54,7 @@ class Stage:
     top_probs: list[float]
     possible: int
     entropy: float
+    changed: int | None = None
 
     @property
     def label(self) -> str:
@@ -109,6 +113,18 @@ class StepTrace:
             return f"#{token_id}"
         return repr(self.tokenizer.decode([token_id]))
 
+    def changed_text(self, number: int) -> str:
+        """What stage `number` changed, in words: ``"changed 3 scores (none shown)"``; empty for the input."""
+        stage = self.stages[number]
+        if stage.changed is None:
+            return ""
+        if stage.changed == 0:
+            return "changed no score"
+        previous = self.stages[number - 1]
+        shown = set(stage.top_ids) | set(previous.top_ids)
+        moved = bool(torch.ne(stage.scores[list(shown)], previous.scores[list(shown)]).any())
+        return f"changed {stage.changed} score{'s' if stage.changed != 1 else ''}" + ("" if moved else " (none shown)")
+
     def summary(self) -> str:
         """One line: the row, the chosen token, how it was chosen and its final probability."""
         how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
@@ -124,7 +140,8 @@ class StepTrace:
         for number, stage in enumerate(self.stages):
             lines.append("")
             lines.append(f"[{number}] {stage.label}")
-            lines.append(f"    possible {stage.possible}   entropy {stage.entropy:.3f} nats")
+            lines.append(f"    possible {stage.possible}   entropy {stage.entropy:.3f} nats"
+                         + ("" if stage.changed is None else f"   {self.changed_text(number)}"))
             lines.append(f"    {'rank':>4}  {'token':<{width}}  {'score':>9}  {'prob':>6}")
             for rank, (token_id, score, prob) in enumerate(zip(stage.top_ids, stage.top_scores, stage.top_probs), 1):
                 mark = "  <- chosen" if token_id == self.token else ""
@@ -191,7 +208,8 @@ def explain_step(
     Args:
         logits: Model output, as for `sample_step` (any layout, dtype or padded vocabulary).
         input_ids: ``(batch, seq)`` tokens so far, needed by penalties. Default: ``None``.
-        tokenizer: A HF tokenizer to show tokens as text. Default: ``None`` (ids are shown).
+        tokenizer: A HF tokenizer to show tokens as text; without ``vocab_size``, the logits' columns
+            from its size on are padding and dropped, as in `sample_step`. Default: ``None`` (ids are shown).
         top: How many tokens to record per stage. Default: ``10``.
         row: Which row of the batch to explain (rows as the layout flattens them). Default: ``0``.
         **options: Everything `sample_step` / `Sampler` accepts. Each processor runs once, so a
@@ -226,7 +244,7 @@ def explain_step(
     processors = sampler._processors_on(rows.device)
 
     scores = rows.clone()
-    stages = [_stage("input", {}, scores[row], top)]
+    stages = [_stage("input", {}, scores[row], top, None)]
     outputs: list[torch.Tensor] = []  # [N, V] per processor, for the fast path's replay below
     for processor in processors:
         # Processors may edit their input in place; each recorded stage keeps its own copy.
@@ -234,7 +252,7 @@ def explain_step(
         scores = processor(ids, scores.clone())
         check_processor_output(processor, rows, scores, index=len(outputs))
         outputs.append(scores)
-        stages.append(_stage(_processor_name(processor), params, scores[row], top))
+        stages.append(_stage(_processor_name(processor), params, scores[row], top, stages[-1].scores))
     # Choose for every row, as the step does, so a seeded generator draws the token `sample_step`
     # would (and a row left with no token is the step's own error). The processors are not run
     # again: stateful ones (grammar matchers) must see each step once.
@@ -275,8 +293,13 @@ def _from_transformers(processor: Any) -> bool:
     return type(processor).__module__.split(".")[0] == "transformers"
 
 
-def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) -> Stage:
+def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int,
+           previous: torch.Tensor | None) -> Stage:
     scores = scores.detach().float().cpu().clone()  # [V]
+    # NaN never equals itself: a NaN kept in place is no change
+    changed = None
+    if previous is not None:
+        changed = int((torch.ne(scores, previous) & ~(scores.isnan() & previous.isnan())).sum())
     probs = torch.softmax(scores, dim=-1)
     possible = int((scores > float("-inf")).sum())
     # Removed tokens (-inf) are not listed: `possible` already says how many are left.
@@ -290,6 +313,7 @@ def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int) ->
         top_probs=probs[top_ids].tolist(),
         possible=possible,
         entropy=float(torch.special.entr(probs).sum()),
+        changed=changed,
     )
 
 

@@ -13,9 +13,10 @@ True
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
-from hfbridge._views.html import CARD, MONO, MUTED, ROOT_STYLE, TEXT, Html, el
+from hfbridge._views.html import CARD, MONO, MUTED, ROOT_STYLE, TEXT, Html, el, join
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.explain_step import StepTrace
@@ -25,6 +26,18 @@ __all__ = ["step_html"]
 _CHOSEN = f"background:#fdd0a2;color:{TEXT}"  # the chosen token's cell: a pair, like every colour here
 _STRIPES = ("#ffffff", "#f6f8fa")
 _CELL = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;vertical-align:top"
+# A token chip: its own colours and box, so that a notebook's `code` style (JupyterLab's dark theme
+# gives `code` a dark grey background and light text) does not reach inside the light card.
+_CHIP = f"font-family:{MONO};white-space:pre;background:transparent;color:inherit;padding:0;border:0;font-size:inherit"
+# A header: wraps between the words of a long name (`<wbr>`), and anywhere in a long value.
+_HEAD = ("text-align:left;vertical-align:top;padding:1px 6px 4px 3px;max-width:14em;overflow-wrap:anywhere;"
+         "line-height:1.3")
+_WORD = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def _wrappable(name: str) -> Html:
+    """`name` with a line-break opportunity between its CamelCase words (``Presence<wbr>Frequency``)."""
+    return join(part for word in _WORD.split(name) for part in (Html("<wbr>"), word))
 
 
 def step_html(trace: StepTrace) -> str:
@@ -32,11 +45,11 @@ def step_html(trace: StepTrace) -> str:
     head = [el("th", "", style=f"{CARD}")]
     for number, stage in enumerate(trace.stages):
         params = stage.params_text
-        head.append(el("th", f"[{number}] {stage.short_name}",
+        head.append(el("th", f"[{number}] ", _wrappable(stage.short_name),
                        el("br") if params else None,
                        el("span", params, style="font-weight:normal;font-size:85%;white-space:normal") if params
                        else None,
-                       style=f"text-align:left;vertical-align:top;padding:1px 6px 1px 3px;max-width:14em;{CARD}"))
+                       style=f"{_HEAD};{CARD}"))
     depth = max(len(s.top_ids) for s in trace.stages)
     body = []
     for rank in range(depth):
@@ -54,12 +67,15 @@ def step_html(trace: StepTrace) -> str:
             style = _CELL + (f";font-weight:bold;{_CHOSEN}" if chosen else "")
             cells.append(el(
                 "td",
-                el("code", trace.token_label(token_id), style=f"font-family:{MONO};white-space:pre"),
+                el("code", trace.token_label(token_id), style=_CHIP),
                 f" {prob:.3f}", bar,
                 title=f"id {token_id}, score {score:.4f}", style=style))
         body.append(el("tr", *cells, style=f"background:{row};color:{TEXT}"))
+    changed = ["" if s.changed is None else trace.changed_text(n).replace("changed ", "")
+               for n, s in enumerate(trace.stages)]
     for title, values in (("possible", [str(s.possible) for s in trace.stages]),
-                          ("entropy (nats)", [f"{s.entropy:.3f}" for s in trace.stages])):
+                          ("entropy (nats)", [f"{s.entropy:.3f}" for s in trace.stages]),
+                          ("changed", changed)):
         body.append(el("tr", el("td", title, style=f"text-align:right;color:{MUTED};white-space:nowrap"),
                        *(el("td", value, style=_CELL) for value in values),
                        style=f"border-top:1px solid #d0d7de;background:#ffffff;color:{TEXT}"))

@@ -197,8 +197,9 @@ def _alternatives(trace: GenerationTrace, step: TokenStep, most: int | None = No
         chosen = alternative.token == step.token
         bar = el("span", style=f"display:inline-block;height:0.65em;width:{max(1, round(28 * alternative.prob))}px;"
                                f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:3px")
-        items.append(el("span", el("code", trace.token_label(alternative.token),
-                                   style=f"font-family:{MONO};white-space:pre"),
+        items.append(el("span", el("code", trace.token_label(alternative.token),  # own colours: see `step_html`
+                                   style=f"font-family:{MONO};white-space:pre;background:transparent;color:inherit;"
+                                         "padding:0;border:0;font-size:inherit"),
                         f" {alternative.prob:.2f}", bar,
                         style=("font-weight:700;" if chosen else "") + "margin-right:10px;white-space:nowrap"))
     return join(items)

@@ -24,8 +24,8 @@ class DemoConfig:
 
     Args:
         vocab_size: Number of token ids. Default: ``512``.
-        block_size: Longest sequence (prompt plus new tokens) the position table covers.
-            Default: ``256``.
+        block_size: Longest sequence the position table covers: the longest prompt, and the
+            longest context; a :class:`KVCache` slides past it. Default: ``256``.
         n_layer: Number of transformer blocks. Default: ``4``.
         n_head: Attention heads per block; must divide ``n_embd``. Default: ``4``.
         n_embd: Width of the residual stream. Default: ``128``.
@@ -51,7 +51,12 @@ class KVCache:
     """Keys and values of every layer for the tokens seen so far; grows in place.
 
     Create one with :meth:`DemoLM.new_cache` and pass it to every call; each call appends the
-    keys and values of its new tokens, so the next call only feeds the newest token.
+    keys and values of its new tokens, so the next call only feeds the newest token. When it is
+    full (``block_size`` positions, the most the model's position table covers), the model slides
+    it: the oldest half is dropped and the newest half computed again at positions from 0 (learned
+    positions cannot be shifted in place), so a generation through the cache can be of any length,
+    each token seeing between half a block and a block of context. ``start`` counts the positions
+    dropped so far.
 
     >>> model = DemoLM(DemoConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=8, block_size=8))
     >>> cache = model.new_cache()
@@ -63,6 +68,14 @@ class KVCache:
     def __init__(self, n_layer: int) -> None:
         self.keys: list[torch.Tensor | None] = [None] * n_layer  # each [B, H, S, D]
         self.values: list[torch.Tensor | None] = [None] * n_layer
+        self.ids: torch.Tensor | None = None  # [B, S]: the tokens of the cached positions, to slide
+        self.start = 0  # positions of the sequence dropped from the front
+
+    def restart(self, start: int) -> None:
+        """Empty the cache, whose next position is ``start`` of the sequence."""
+        self.keys = [None] * len(self.keys)
+        self.values = [None] * len(self.values)
+        self.ids, self.start = None, start
 
     @property
     def length(self) -> int:
@@ -175,15 +188,25 @@ class DemoLM(nn.Module):
         cache: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits ``[B, T, V]`` for token ids ``idx`` ``[B, T]``; see the class docstring."""
+        """Logits ``[B, T, V]`` for token ids ``idx`` ``[B, T]``; see the class docstring.
+
+        With a ``cache`` that has slid (``cache.start > 0``), ``attention_mask`` may cover the whole
+        sequence (``cache.start`` + cached + new positions) or the cached and new ones only.
+        """
         if idx.dim() != 2 or idx.dtype != torch.long:
             raise ValueError(f"idx: expected a [batch, time] long tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
         batch, new = idx.shape
         past = 0 if cache is None else cache.length
+        block = self.config.block_size
+        if cache is not None and cache.start and attention_mask is not None \
+                and attention_mask.shape[-1] == cache.start + past + new:
+            attention_mask = attention_mask[:, cache.start:]  # the whole sequence's mask: the cached part on
+        if cache is not None and past and past + new > block and new <= block:
+            return self._slide(idx, cache, attention_mask)
         total = past + new
-        if total > self.config.block_size:
+        if total > block:
             raise ValueError(
-                f"idx: {past} cached + {new} new positions exceed block_size={self.config.block_size}; "
+                f"idx: {past} cached + {new} new positions exceed block_size={block}; "
                 "use a shorter prompt or fewer new tokens"
             )
         if attention_mask is None:
@@ -202,6 +225,24 @@ class DemoLM(nn.Module):
         # A padding query would see no key at all and give NaN; let it see itself.
         mask = mask | (key_at == query_at)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(positions))
-        for block in self.blocks:
-            x = block(x, mask[:, None], cache)
+        for layer in self.blocks:
+            x = layer(x, mask[:, None], cache)
+        if cache is not None:
+            cache.ids = idx if cache.ids is None else torch.cat([cache.ids, idx], dim=1)  # [B, S]
         return self.ln_f(x) @ self.tok_emb.weight.T  # tied output head
+
+    def _slide(self, idx: torch.Tensor, cache: KVCache, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The full cache's oldest half dropped, the newest half and ``idx`` computed again from position 0."""
+        new = idx.shape[1]
+        assert cache.ids is not None  # recorded by every cached call
+        seen = torch.cat([cache.ids, idx], dim=1)  # [B, S + T]
+        keep = max(self.config.block_size // 2, new)
+        if attention_mask is not None:
+            if attention_mask.shape[-1] != seen.shape[1]:
+                raise ValueError(
+                    f"attention_mask: expected {seen.shape[1]} columns (cached + new positions) or "
+                    f"{cache.start + seen.shape[1]} (the whole sequence), got {tuple(attention_mask.shape)}"
+                )
+            attention_mask = attention_mask[:, -keep:]
+        cache.restart(cache.start + seen.shape[1] - keep)
+        return self(seen[:, -keep:], cache=cache, attention_mask=attention_mask)[:, -new:]  # [B, T, V]

@@ -144,12 +144,12 @@ def test_text_and_html_name_processors_and_chosen_token():
     chosen = CharTokenizer().decode([trace.token])
     for name in ("RepetitionPenaltyLogitsProcessor", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"):
         assert name in text
-        assert name.replace("LogitsProcessor", "").replace("LogitsWarper", "") in page
+        assert name.replace("LogitsProcessor", "").replace("LogitsWarper", "") in page.replace("<wbr>", "")
     assert f"token {trace.token} {chosen!r}" in text and "<- chosen" in text
     assert f"token {trace.token} {chosen!r}".replace("'", "&#x27;") in page
     assert "penalty=1.5" in text and "top_p=0.8" in page
     assert page.startswith("<div class='hfbridge-step'") and page.endswith("</table></div>")
-    assert page.count("<tr") == 1 + 5 + 2
+    assert page.count("<tr") == 1 + 5 + 3  # header, ranks, possible / entropy / changed
 
 
 def test_text_without_tokenizer_shows_ids():
@@ -254,3 +254,39 @@ def test_fast_path_choice_is_sample_steps():
 def test_processors_that_remove_everything_are_the_steps_error():
     with pytest.raises(ValueError, match="row 0"):
         explain_step(LOGITS, suppress_tokens=[0, 1, 2, 3, 4])
+
+
+def test_headers_name_our_samplers_as_briefly_as_hfs():
+    """hfbridge's samplers are named like HF's processors: no package, the suffix dropped in the header,
+    a line break possible between the words of a long name, so that headers never overlap."""
+    trace = explain_step(torch.randn(1, 40), torch.randint(0, 40, (1, 12)), dynatemp_range=0.5, temperature=0.9,
+                         presence_penalty=0.5, penalty_last_n=-1, top_k=0)
+    assert [stage.name for stage in trace.stages] == ["input", "PresenceFrequencyPenaltyLogitsProcessor",
+                                                      "DynamicTemperatureLogitsWarper"]
+    page = trace._repr_html_()
+    assert "[1] <wbr>Presence<wbr>Frequency<wbr>Penalty<br>" in page
+    assert "[2] <wbr>Dynamic<wbr>Temperature<br>" in page
+    assert "hfbridge." not in page and "hfbridge." not in str(trace)
+    assert "overflow-wrap:anywhere" in page  # a long parameter value wraps inside its column
+
+
+def test_token_chips_keep_their_own_colours():
+    """A notebook's `code` style (JupyterLab dark: a dark grey background, light text) stays outside the card."""
+    trace = explain_step(torch.tensor([[0.0, 1.0, 2.0]]), tokenizer=CharTokenizer())
+    chips = re.findall(r"<code style='([^']*)'>", trace._repr_html_())
+    assert chips and all("background:transparent;color:inherit;padding:0;border:0" in chip for chip in chips)
+
+
+def test_changed_says_why_a_stage_looks_the_same():
+    """By hand: the penalty divides token 3's score (1.0 -> 0.5), top_k=3 removes tokens 3 and 4; with the
+    top 2 shown, neither change is visible, and the trace says so."""
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
+    trace = explain_step(logits, torch.tensor([[3, 3]]), top=2, repetition_penalty=2.0, top_k=3)
+    assert [stage.name for stage in trace.stages] == ["input", "RepetitionPenaltyLogitsProcessor", "TopKLogitsWarper"]
+    assert [stage.changed for stage in trace.stages] == [None, 1, 2]
+    assert [trace.changed_text(n) for n in range(3)] == ["", "changed 1 score (none shown)",
+                                                          "changed 2 scores (none shown)"]
+    assert "changed 1 score (none shown)" in str(trace)
+    assert ">1 score (none shown)</td>" in trace._repr_html_()
+    unchanged = explain_step(logits, torch.tensor([[4]]), repetition_penalty=2.0)  # 0.0 / 2 is still 0.0
+    assert unchanged.changed_text(1) == "changed no score"

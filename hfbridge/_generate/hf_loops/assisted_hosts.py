@@ -76,9 +76,11 @@ class Rollback(CacheBase):
         self.owner.crop(names.crop_keeps(self.owner.fed, amount))  # 4.x: a length; 5.x: minus the removed
 
 
-def fed_logits(logits: torch.Tensor, *, layout: Any, vocab_size: int | None, rows: int, fed: int,
-               role: str) -> torch.Tensor:
+def fed_logits(logits: torch.Tensor, *, layout: Any, vocab_size: int | Callable[[int], int | None] | None,
+               rows: int, fed: int, role: str) -> torch.Tensor:
     """The logits of the last `fed` positions as float32 `(rows, fed, vocab)`, padded vocabulary dropped.
+
+    `vocab_size` is the columns to keep, or a function of the logits' width that says it (`Sampler.vocab_limit`).
 
     Raises `ValueError` for logits without a sequence axis, too few positions or rows, or NaN.
     """
@@ -98,6 +100,8 @@ def fed_logits(logits: torch.Tensor, *, layout: Any, vocab_size: int | None, row
             "e.g. no logits_to_keep=1)."
         )
     full = full[:, full.shape[1] - fed:]  # [B, fed, V]
+    if callable(vocab_size):
+        vocab_size = vocab_size(full.shape[-1])
     if vocab_size is not None:
         if full.shape[-1] < vocab_size:
             raise ValueError(f"{where}, fewer vocabulary columns than `vocab_size`={vocab_size}.")
@@ -166,7 +170,7 @@ class TargetHost(LoopHost):
             raise
         logits = at_step(step, lambda: fed_logits(
             extract_logits(self.adapter.logits(outputs)), layout=self.sampler.layout,
-            vocab_size=self.sampler.vocab_size, rows=input_ids.shape[0], fed=fed, role="target"))
+            vocab_size=self.sampler.vocab_limit, rows=input_ids.shape[0], fed=fed, role="target"))
         logits = logits.to(input_ids.device)  # [1, fed, V]
         self._check_vocab(logits, input_ids, step)
         self.fed = input_ids.shape[1]
