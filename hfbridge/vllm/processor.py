@@ -42,8 +42,16 @@ class HFBridgeLogitsProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        """Check a request's hfbridge options before it runs; the error names the option."""
-        check_request(sampling_params)
+        """Check a request's hfbridge options before it runs; the error names the option.
+
+        Raises:
+            ValueError: for every refusal (hfbridge's `TypeError`s too, which vLLM would not turn
+                into a client error, HTTP 400).
+        """
+        try:
+            check_request(sampling_params)
+        except TypeError as error:
+            raise ValueError(str(error)) from None
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         model_config = vllm_config.model_config
