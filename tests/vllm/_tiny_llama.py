@@ -51,3 +51,10 @@ def prompts(count: int, *, seed: int = 1, low: int = 4, high: int = 12) -> list[
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high, (count,), generator=generator).tolist()
     return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def shutdown(llm) -> None:
+    """Stop an `LLM`'s engine processes now (not at interpreter exit, after pytest closed its streams)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()

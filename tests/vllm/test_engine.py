@@ -41,6 +41,7 @@ def llm(folder):
     engine = LLM(model=str(folder), logits_processors=["hfbridge.vllm:HFBridgeLogitsProcessor"],
                  logprobs_mode="processed_logits", max_logprobs=-1, **ENGINE)
     yield engine
+    _tiny_llama.shutdown(engine)
     del engine
     gc.collect()
 
@@ -123,6 +124,7 @@ def test_requests_without_options_equal_an_engine_without_the_processor(llm, fol
     try:
         without = run(plain, prompts[:5], params[:5])
     finally:
+        _tiny_llama.shutdown(plain)
         del plain
         gc.collect()
     assert with_processor[:5] == without
