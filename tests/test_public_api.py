@@ -127,3 +127,10 @@ def test_the_strategy_table_has_a_row_per_mode_generate_runs():
 
     assert sorted(STRATEGIES) == sorted(SUPPORTED)
     assert {row.run.__name__ for row in STRATEGIES.values()} == {"run_loop", "run_beam", "run_assisted"}
+
+
+def test_the_optional_vllm_wing_has_one_public_name_and_imports_without_vllm():
+    import hfbridge.vllm
+
+    assert hfbridge.vllm.__all__ == ["HFBridgeLogitsProcessor"]
+    assert "hfbridge.vllm" not in hfbridge.__all__

@@ -138,7 +138,7 @@ class Batch:
         try:
             self._process(logits, indices)
             return
-        except Exception as error:  # noqa: BLE001 - one request's failure must not end the engine
+        except Exception as error:
             if len(indices) == 1:
                 self._fail(indices[0], f"hfbridge's chain failed at this step: {error}")
                 self._end(logits, indices)
@@ -177,12 +177,11 @@ class Batch:
     # -- requests ---------------------------------------------------------------------------------
 
     def _new_row(self, params: Any, prompt: Sequence[int] | None, output: Sequence[int]) -> Row | None:
+        failure: str | None = None
         try:
             request = check_request(params)
         except (TypeError, ValueError) as error:  # vLLM's front end checks this first; a direct call may not
             request, failure = None, str(error)
-        else:
-            failure = None
         if request is None and failure is None:
             return None
         stops = tuple(sorted(getattr(params, "all_stop_token_ids", None) or ())) or self._default_eos
@@ -196,7 +195,7 @@ class Batch:
         row = Row(request, History(prompt, output, self.device), stops)
         try:
             self._attach(row, params)
-        except Exception as error:  # noqa: BLE001 - a request's failure must not end the engine
+        except Exception as error:
             self._fail_row(row, str(error))
         return row
 
@@ -216,9 +215,9 @@ class Batch:
         prompt_length = row.history.prompt_length if request.counts_from_prompt else None
         key = (request.key, None if eos is None else tuple(eos), prompt_length)
         if key not in self._samplers:
-            generator = self._generator(self._key_seed(request.key)) if request.random else None
+            shared = self._generator(self._key_seed(request.key)) if request.random else None
             sampler = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
-                                    generator=generator)
+                                    generator=shared)
             self._samplers[key] = [sampler, 0]
         self._samplers[key][1] += 1
         row.shared = key

@@ -222,7 +222,7 @@ def build_sampler(request: RequestOptions, *, prompt_length: int | None, eos_tok
     if eos_token_id is not None and "eos_token_id" not in options:
         options["eos_token_id"] = eos_token_id
     if check_only and request.string_breakers:
-        options["dry_sequence_breakers"] = [b for b in options.get(
-            "dry_sequence_breakers", community_options.OPTIONS["dry_sequence_breakers"].default) if not isinstance(b, str)]
+        breakers = options.get("dry_sequence_breakers", community_options.OPTIONS["dry_sequence_breakers"].default)
+        options["dry_sequence_breakers"] = [breaker for breaker in breakers if not isinstance(breaker, str)]
     return Sampler(do_sample=request.do_sample, prompt_length=prompt_length, tokenizer=tokenizer,
                    generator=generator, **options)

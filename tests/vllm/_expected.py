@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import hfbridge
+
 from _tiny_llama import EOS
 
 NEW = 12  # tokens per request

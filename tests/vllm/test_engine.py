@@ -14,14 +14,15 @@ import torch
 
 pytest.importorskip("vllm.v1.sample.logits_processor", reason="vLLM is not installed (docs/vllm.md)")
 
-import _tiny_llama  # noqa: E402
-from _expected import COMMUNITY_GREEDY, HF_GREEDY, NEW, hf_tokens, raw_logits  # noqa: E402
-from _tiny_llama import EOS, VOCAB  # noqa: E402
-from vllm import LLM, SamplingParams  # noqa: E402
-from vllm.exceptions import VLLMValidationError  # noqa: E402
+from vllm import LLM, SamplingParams
+from vllm.exceptions import VLLMValidationError
 
-import hfbridge  # noqa: E402
-from hfbridge import Sampler  # noqa: E402
+import hfbridge
+from hfbridge import Sampler
+
+import _tiny_llama
+from _expected import COMMUNITY_GREEDY, HF_GREEDY, NEW, hf_tokens, raw_logits
+from _tiny_llama import EOS, VOCAB
 
 ENGINE = dict(dtype="float32", max_model_len=256, max_num_seqs=32, enforce_eager=True, seed=0)
 

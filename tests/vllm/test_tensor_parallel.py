@@ -9,11 +9,12 @@ import pytest
 
 pytest.importorskip("vllm.v1.sample.logits_processor", reason="vLLM is not installed (docs/vllm.md)")
 
-import _tiny_llama  # noqa: E402
-from _expected import COMMUNITY_GREEDY, HF_GREEDY, NEW, hf_tokens  # noqa: E402
-from vllm import LLM, SamplingParams  # noqa: E402
+from vllm import LLM, SamplingParams
 
-from hfbridge.vllm import HFBridgeLogitsProcessor  # noqa: E402
+from hfbridge.vllm import HFBridgeLogitsProcessor
+
+import _tiny_llama
+from _expected import COMMUNITY_GREEDY, HF_GREEDY, NEW, hf_tokens
 
 ENGINE = dict(dtype="float32", max_model_len=256, max_num_seqs=32, enforce_eager=True, seed=0,
               logits_processors=[HFBridgeLogitsProcessor])
