@@ -85,6 +85,7 @@ class Batch:
         self._default_eos = tuple(default_eos)
         self._rows: dict[int, Row] = {}
         self._samplers: dict[Hashable, list[Any]] = {}  # key -> [Sampler, rows using it]
+        self._buffer: torch.Tensor | None = None  # [R, V + 1] float32 scores, reused by every call
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -150,18 +151,34 @@ class Batch:
         rows = [self._rows[index] for index in indices]
         first = rows[0]
         sampler = first.own if first.own is not None else self._samplers[first.shared][0]
-        at = torch.tensor(indices, device=logits.device)  # [G]
         histories = [row.history.tokens() for row in rows]
-        scores = logits.index_select(0, at).float()  # [G, V] a copy: processors may write into it
-        if first.own is None and not first.request.counts_from_prompt:
-            # one width for all: left padding with id V, whose column is -inf and dropped after
+        padded = first.own is None and not first.request.counts_from_prompt
+        # float32 copies of the rows, into a buffer kept between steps (processors may write into it):
+        # a fresh (rows, vocab) tensor per group and step costs more than the processors on a CPU
+        scores = self._scratch(len(rows), logits.device, padded)  # [G, V] or [G, V + 1]
+        for row, index in enumerate(indices):
+            scores[row, : self.vocab_size].copy_(logits[index])
+        if padded:
+            # one width for all: left padding with id V, whose column is -inf (set by `_scratch`), dropped after
             ids = torch.nn.utils.rnn.pad_sequence(histories, batch_first=True, padding_value=self.vocab_size,
                                                   padding_side="left")  # [G, T]
-            scores = torch.cat([scores, scores.new_full((len(rows), 1), float("-inf"))], dim=1)  # [G, V + 1]
         else:
             ids = torch.stack(histories)  # [G, T] equal lengths by construction
-        processed = sampler.process(ids, scores)[:, : self.vocab_size]  # [G, V]
-        logits.index_copy_(0, at, processed.to(logits.dtype))
+        processed = sampler.process(ids, scores)  # [G, V(+1)]
+        for row, index in enumerate(indices):
+            logits[index].copy_(processed[row, : self.vocab_size])
+
+    def _scratch(self, rows: int, device: torch.device, padded: bool) -> torch.Tensor:
+        """`(rows, vocab + padded)` float32 rows of a buffer kept between calls; the padding column at -inf."""
+        width = self.vocab_size + 1
+        buffer = self._buffer
+        if buffer is None or buffer.shape[0] < rows or buffer.device != device:
+            buffer = torch.empty(max(rows, 8), width, dtype=torch.float32, device=device)  # [R, V + 1]
+            self._buffer = buffer
+        view = buffer[:rows] if padded else buffer[:rows, : self.vocab_size]
+        if padded:
+            view[:, self.vocab_size].fill_(float("-inf"))
+        return view
 
     def _end(self, logits: torch.Tensor, indices: list[int]) -> None:
         """Rows of failed requests allow only their stop tokens, so vLLM ends them at this step."""
