@@ -111,14 +111,27 @@ class RequestOptions:
 
 
 def read_options(params: Any) -> Mapping[str, Any] | None:
-    """The request's hfbridge options, or None when it has none (no `extra_args["hfbridge"]`, or empty)."""
+    """The request's hfbridge options, or None when it has none (no `extra_args["hfbridge"]`, or empty).
+
+    The options are a dict, or the same dict as a JSON string: the OpenAI-compatible server's
+    `vllm_xargs` takes no nested dict, but takes strings.
+
+    >>> from types import SimpleNamespace
+    >>> read_options(SimpleNamespace(extra_args={"hfbridge": '{"top_n_sigma": 1.0}'}))
+    {'top_n_sigma': 1.0}
+    """
     extra = getattr(params, "extra_args", None)
     if not extra or KEY not in extra:
         return None
     options = extra[KEY]
+    if isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"`extra_args[{KEY!r}]` is a string but not JSON: {error}.") from None
     if not isinstance(options, Mapping):
-        raise TypeError(f"`extra_args[{KEY!r}]` must be a dict of hfbridge option names and values, got "
-                        f"{type(options).__name__}.")
+        raise TypeError(f"`extra_args[{KEY!r}]` must be a dict of hfbridge option names and values (or that dict "
+                        f"as a JSON string), got {type(options).__name__}.")
     return options or None
 
 
@@ -142,6 +155,7 @@ def check_request(params: Any) -> RequestOptions | None:
                 f"`{sampling[0]}` applies only when sampling, and the request is greedy (`SamplingParams."
                 f"temperature=0`); set `SamplingParams(temperature=1.0)` to sample from hfbridge's scores, "
                 f"or remove `{sampling[0]}`.")
+    community_options.check_community(options)  # DRY's breakers included, before the trial leaves strings out
     request = _describe(dict(options), do_sample)
     build_sampler(request, prompt_length=0 if request.counts_from_prompt else None,
                   eos_token_id=0 if request.needs_eos and "eos_token_id" not in options else None,

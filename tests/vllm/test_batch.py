@@ -5,14 +5,17 @@ and a request that fails in the worker is ended without touching the others."""
 from __future__ import annotations
 
 import logging
+import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from hfbridge import Sampler
 from hfbridge.vllm._batch import Batch
 from hfbridge.vllm._history import History
+from hfbridge.vllm._options import check_request
 
 V = 40
 EOS = 2
@@ -20,9 +23,10 @@ EOS = 2
 
 def params(options=None, *, temperature=0.0, stops=(EOS,), seed=None, **fields):
     extra = None if options is None else {"hfbridge": options}
-    return SimpleNamespace(extra_args=extra, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0,
-                           repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                           all_stop_token_ids=set(stops), seed=seed, **fields)
+    values = dict(top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                  frequency_penalty=0.0) | fields
+    return SimpleNamespace(extra_args=extra, temperature=temperature, all_stop_token_ids=set(stops), seed=seed,
+                           **values)
 
 
 def alone(options, prompt, output, logits_row, *, do_sample, **sampler_kwargs):
@@ -206,3 +210,32 @@ def test_history_follows_a_list_that_shrank():
     output += list(range(7, 40))  # past the first buffer
     history.sync()
     assert history.tokens().tolist() == [3, 4, *range(7, 40)]
+
+
+def test_options_as_a_json_string_as_the_openai_server_passes_them():
+    batch = Batch(vocab_size=V)
+    batch.update(added=[(0, params('{"suppress_tokens": [3]}'), [5], [])])
+    assert batch.apply(torch.zeros(1, V))[0].isinf().nonzero().flatten().tolist() == [3]
+
+
+@pytest.mark.parametrize(("options", "fields", "message"), [
+    ('{"top_k": ', {}, "not JSON"),
+    ([1, 2], {}, "must be a dict"),
+    ({"xtc_probability": np.float32(0.5)}, {"temperature": 1.0}, "plain data"),
+    ({"sequence_bias": {(5,): 1.0}}, {}, "plain data"),
+    ({"suppress_tokens": [3]}, {"temperature": float("nan")}, "SamplingParams.temperature"),
+    ({"suppress_tokens": [3]}, {"min_p": 0.1}, "SamplingParams.min_p"),
+    ({"suppress_tokens": [3]}, {"top_k": 5}, "SamplingParams.top_k"),
+    ({"suppress_tokens": [3]}, {"frequency_penalty": 0.5}, "SamplingParams.frequency_penalty"),
+    ({"suppress_tokens": [3]}, {"repetition_penalty": 1.1}, "SamplingParams.repetition_penalty"),
+    ({"guidance_scale": 1.5}, {}, "`guidance_scale`"),
+    ({5: 1}, {}, "option names"),
+    ({"top_n_sigma": float("nan")}, {"temperature": 1.0}, "top_n_sigma"),
+    ({"mirostat": True}, {"temperature": 1.0}, "`mirostat`"),
+    ({"dry_multiplier": 0.8, "dry_sequence_breakers": "abc"}, {}, "dry_sequence_breakers"),
+])
+def test_check_request_names_what_is_wrong(options, fields, message):
+    request = params(None, **{"temperature": 0.0, **fields})
+    request.extra_args = {"hfbridge": options}
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        check_request(request)
