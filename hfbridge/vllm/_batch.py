@@ -46,6 +46,7 @@ from hfbridge.vllm._options import RequestOptions, build_sampler, check_request
 
 logger = logging.getLogger(__name__)
 
+_CPU_CALL_SCORES = 1 << 17  # the most scores one chain call takes on a CPU (see `Batch.apply`)
 Added = tuple[int, Any, "Sequence[int] | None", Sequence[int]]  # (row, SamplingParams, prompt ids, output ids)
 Moved = tuple[int, int, bool]  # (from, to, swap)
 
@@ -126,11 +127,15 @@ class Batch:
             else:
                 key = "failed"
             groups.setdefault(key, []).append(index)
+        # on a CPU, calls over more than ~2^17 scores run slower per row than smaller ones (measured with
+        # benchmarks/vllm.py: the processors' temporaries outgrow the caches): big groups go in slices
+        most = max(1, _CPU_CALL_SCORES // (self.vocab_size + 1)) if logits.device.type == "cpu" else len(self._rows)
         for key, indices in groups.items():
             if key == "failed":
                 self._end(logits, indices)
-            else:
-                self._run_group(logits, indices)
+                continue
+            for start in range(0, len(indices), most):
+                self._run_group(logits, indices[start:start + most])
         return logits
 
     # -- one step ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def model(vocab_size: int = VOCAB) -> LlamaForCausalLM:
     """The model, its weights drawn with seed 0 (float32)."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
                          bos_token_id=0, eos_token_id=EOS, pad_token_id=None, tie_word_embeddings=False,
                          torch_dtype="float32")
     llama = LlamaForCausalLM(config).eval()

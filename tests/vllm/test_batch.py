@@ -239,3 +239,15 @@ def test_check_request_names_what_is_wrong(options, fields, message):
     request.extra_args = {"hfbridge": options}
     with pytest.raises((TypeError, ValueError), match=re.escape(message)):
         check_request(request)
+
+
+def test_a_big_group_goes_in_slices_on_a_cpu_and_each_row_still_equals_the_sampler_alone():
+    vocab = 50_000  # 2 rows per call
+    options = {"repetition_penalty": 1.3, "top_k": 20}
+    prompts, outputs = histories(5)
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(2))
+    batch = Batch(vocab_size=vocab)
+    batch.update(added=[(i, params(options, temperature=1.0), prompts[i], outputs[i]) for i in range(5)])
+    result = batch.apply(logits.clone())
+    for i in range(5):
+        assert torch.equal(result[i], alone(options, prompts[i], outputs[i], logits[i], do_sample=True))
