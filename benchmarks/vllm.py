@@ -18,7 +18,7 @@ prompt tokens growing by one each step; each step timed with `time.thread_time()
 the implementations round-robin on the same logits, medians of 40 steps after 5 of warm-up.
 `engine` part: `LLM.generate` of the 32 requests, 64 tokens each (eos ignored), on a tiny random
 Llama with a 32000-token vocabulary; wall time per generated step (the batch moves in lock step),
-median of 3 runs per engine, the engines one after the other.
+median of 5 runs per engine, the three engines up at once and their runs alternating.
 """
 
 from __future__ import annotations
@@ -128,36 +128,38 @@ def processor_part(steps: int = 40, warmup: int = 5) -> None:
     print(f"| AdapterLogitsProcessor, HF's processors per row | {hf_ms:.2f} | 1.0x |")
 
 
-def engine_part(repeats: int = 3) -> None:
-    from vllm import LLM
-
+def engine_part(repeats: int = 5) -> None:
     import _tiny_llama
+    from vllm import LLM
 
     folder = _tiny_llama.save(tempfile.mkdtemp(prefix="hfbridge-bench-"), vocab_size=V)
     prompts = [{"prompt_token_ids": p} for p in _tiny_llama.prompts(B, seed=0, low=200, high=260, vocab_size=V)]
     runs = {"none": (None, False), "hfbridge": ([HFBridgeLogitsProcessor], True), "adapter": ([HFPerRow], True)}
-    per_step: dict[str, float] = {}
-    for name, (processors, with_options) in runs.items():
-        # all prompts prefilled in one step: vLLM 0.32's CPU runner fails on a chunked prefill of a seeded request
-        llm = LLM(model=str(folder), dtype="float32", max_model_len=512, max_num_seqs=B, enforce_eager=True, seed=0,
-                  max_num_batched_tokens=B * 512, logits_processors=processors)
-        try:
-            params = requests(with_options=with_options)
-            llm.generate(prompts, params, use_tqdm=False)  # warm-up
-            times = []
-            for _ in range(repeats):
+    engines = {}
+    try:
+        for name, (processors, _) in runs.items():  # all three up at once, so that the runs can alternate
+            # all prompts prefilled in one step: vLLM 0.32's CPU runner fails on a chunked prefill of a seeded request
+            engines[name] = LLM(model=str(folder), dtype="float32", max_model_len=512, max_num_seqs=B,
+                                enforce_eager=True, seed=0, max_num_batched_tokens=B * 512,
+                                logits_processors=processors)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for repeat in range(repeats + 1):  # round-robin: a busy machine slows all three alike; the first is warm-up
+            for name, llm in engines.items():
+                params = requests(with_options=runs[name][1])
                 start = time.perf_counter()
                 outputs = llm.generate(prompts, params, use_tqdm=False)
-                times.append((time.perf_counter() - start) / NEW)
+                if repeat:
+                    times[name].append((time.perf_counter() - start) / NEW)
                 assert all(len(out.outputs[0].token_ids) == NEW for out in outputs)
-            per_step[name] = statistics.median(times)
-        finally:
+    finally:
+        for llm in engines.values():
             _tiny_llama.shutdown(llm)
-            del llm
-            gc.collect()
+        engines.clear()
+        gc.collect()
+    per_step = {name: statistics.median(values) for name, values in times.items()}
     floor = per_step["none"]
     print(f"\nengine part: B={B}, V={V}, {NEW} tokens per request, tiny Llama (2 layers, width 64), "
-          f"medians of {repeats} runs (wall time)\n")
+          f"medians of {repeats} round-robin runs (wall time)\n")
     print("| engine | ms / step | vs none | processor's own ms / step |\n|---|---:|---:|---:|")
     for name, label in (("none", "vLLM, no custom processor"), ("hfbridge", "HFBridgeLogitsProcessor"),
                         ("adapter", "AdapterLogitsProcessor, HF's per row")):
