@@ -129,8 +129,9 @@ def processor_part(steps: int = 40, warmup: int = 5) -> None:
 
 
 def engine_part(repeats: int = 5) -> None:
-    import _tiny_llama
     from vllm import LLM
+
+    import _tiny_llama
 
     folder = _tiny_llama.save(tempfile.mkdtemp(prefix="hfbridge-bench-"), vocab_size=V)
     prompts = [{"prompt_token_ids": p} for p in _tiny_llama.prompts(B, seed=0, low=200, high=260, vocab_size=V)]
