@@ -180,9 +180,10 @@ class Batch:
         if buffer is None or buffer.shape[0] < rows or buffer.device != device:
             buffer = torch.empty(max(rows, 8), width, dtype=torch.float32, device=device)  # [R, V + 1]
             self._buffer = buffer
-        view = buffer[:rows] if padded else buffer[:rows, : self.vocab_size]
-        if padded:
-            view[:, self.vocab_size].fill_(float("-inf"))
+        if not padded:  # contiguous, as processors may expect: the buffer's first rows * V values
+            return buffer.view(-1)[: rows * self.vocab_size].view(rows, self.vocab_size)
+        view = buffer[:rows]
+        view[:, self.vocab_size].fill_(float("-inf"))
         return view
 
     def _end(self, logits: torch.Tensor, indices: list[int]) -> None:
