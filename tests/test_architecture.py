@@ -126,6 +126,7 @@ WINGS = {
                             "hfbridge._step.processor_repr", "hfbridge._step.row_errors"},
     "hfbridge._generate": {"hfbridge._step", "hfbridge._models", "hfbridge._hf"},
     "hfbridge._views": {"hfbridge._step", "hfbridge._generate"},
+    "hfbridge.vllm": {"hfbridge._step", "hfbridge.processors"},  # and vLLM (optional)
     "hfbridge.demo": {"hfbridge", "hfbridge.processors"},  # public names only
     "hfbridge.__main__": {"hfbridge", "hfbridge.processors", "hfbridge.demo"},
 }

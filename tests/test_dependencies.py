@@ -3,6 +3,7 @@
 import ast
 import importlib.metadata
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ DECLARED = {"torch", "transformers", "einops"}
 # numpy: the CPU routes read tensors through NumPy views; transformers requires numpy unconditionally.
 VIA_TRANSFORMERS = {"numpy"}
 OPTIONAL = {"matplotlib", "IPython", "tqdm", "xgrammar", "tokenizers"}  # imported inside functions, with a hint
+# Optional wings: a package imported at module level only inside its own wing, which `import hfbridge` never loads.
+OPTIONAL_WINGS = {"vllm": PACKAGE / "vllm"}
 
 
 def top_level_imports(path: Path) -> set[str]:
@@ -26,8 +29,16 @@ def top_level_imports(path: Path) -> set[str]:
 def test_module_level_imports_are_declared_or_come_with_transformers():
     third_party = set()
     for path in PACKAGE.rglob("*.py"):
-        third_party |= top_level_imports(path) - set(sys.stdlib_module_names) - {"hfbridge", "__future__"}
+        names = top_level_imports(path) - set(sys.stdlib_module_names) - {"hfbridge", "__future__"}
+        third_party |= {name for name in names if not (name in OPTIONAL_WINGS and OPTIONAL_WINGS[name] in path.parents)}
     assert third_party <= DECLARED | VIA_TRANSFORMERS | OPTIONAL, third_party - DECLARED - VIA_TRANSFORMERS
+
+
+def test_importing_hfbridge_never_imports_an_optional_wings_package():
+    code = ("import sys, hfbridge, hfbridge.processors, hfbridge.vllm, hfbridge.vllm._batch; "
+            f"print(sorted(set(sys.modules) & set({sorted(OPTIONAL_WINGS)!r})))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 def test_transformers_requires_numpy_unconditionally():

@@ -131,3 +131,10 @@ def test_the_strategy_table_has_a_row_per_mode_of_hf():
     runners = {row.run.__name__ for row in STRATEGIES.values() if row.run is not None}
     assert runners == {"run_loop", "run_beam", "run_assisted"}
     assert all((row.run is None) == (row.refused is not None) for row in STRATEGIES.values())
+
+
+def test_the_optional_vllm_wing_has_one_public_name_and_imports_without_vllm():
+    import hfbridge.vllm
+
+    assert hfbridge.vllm.__all__ == ["HFBridgeLogitsProcessor"]
+    assert "hfbridge.vllm" not in hfbridge.__all__
