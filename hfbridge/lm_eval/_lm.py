@@ -63,7 +63,8 @@ class HFBridgeLM(TemplateLM):
             tokenizer's `model_max_length`, else 2048); a `Recompute(model, max_context=N)` gives N.
         max_gen_toks: New tokens per `generate_until` request when the task does not say. Default: 256.
         device: Where the token ids go; a model given as a string that is an `nn.Module` is moved
-            there. Default: the device of the model's first parameter, else the CPU.
+            there (a CUDA device on a machine without CUDA means the CPU, as in HFLM). Default: the
+            device of the model's first parameter, else the CPU.
         add_bos_token: As HFLM's: `add_special_tokens` for every encoding. Default: the tokenizer's.
         prefix_token_id: The token an empty context is replaced by. Default: bos, else eos.
         truncation: As HFLM's: let the tokenizer truncate prompts for `generate_until`. Default: False.
@@ -95,9 +96,10 @@ class HFBridgeLM(TemplateLM):
                  chat_template_args: dict[str, Any] | None = None, max_batch_size: int | None = None,
                  **generate_defaults: Any):
         super().__init__()
-        self.model = resolve_model(model, device)
+        requested = _requested_device(device)
+        self.model = resolve_model(model, requested)
         self.tokenizer = resolve_tokenizer(tokenizer)
-        self._device = _device_of(self.model, device)
+        self._device = requested or _device_of(self.model)
         self.batch_size_per_gpu = _positive_int("batch_size", batch_size)
         self._max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
         self._max_length = None if max_length is None else _positive_int("max_length", max_length)
@@ -276,12 +278,23 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-def _device_of(model: Any, device: str | torch.device | None) -> torch.device:
-    if device is not None:
-        try:
-            return torch.device(device)
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(f"`device` must name a torch device ('cpu', 'cuda', 'cuda:1'), got {device!r}.") from error
+def _requested_device(device: str | torch.device | None) -> torch.device | None:
+    """`device` as a `torch.device`; a CUDA device without CUDA is the CPU, as HFLM treats lm-eval's default
+    `--device cuda:0` on a machine without one."""
+    if device is None:
+        return None
+    try:
+        requested = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"`device` must name a torch device ('cpu', 'cuda', 'cuda:1'), got {device!r}.") from error
+    if requested.type == "cuda" and not torch.cuda.is_available():
+        _log.warning("`device`=%r, but CUDA is not available: using the CPU.", str(device))
+        return torch.device("cpu")
+    return requested
+
+
+def _device_of(model: Any) -> torch.device:
+    """The device of the model's first parameter, else the CPU."""
     inner = model.model if isinstance(model, ModelAdapter) else model
     if isinstance(inner, torch.nn.Module):
         for parameter in inner.parameters():

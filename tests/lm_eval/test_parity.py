@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from _lm_eval_fixtures import CONTEXT, CORPUS
 from lm_eval.api.instance import Instance
 from _tiny_models import positions
 from lm_eval.models.huggingface import HFLM
+from transformers import GPT2LMHeadModel
 
 from hfbridge import Recompute, ReturnsCache
 from hfbridge.lm_eval import HFBridgeLM
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+CACHE = "cache" if "cache" in inspect.signature(GPT2LMHeadModel.forward).parameters else "past_key_values"
 
 
 def requests(kind, args):
@@ -30,9 +36,9 @@ def forms(hf):
     """The HF model passed directly, as plain callables, and in two adapters."""
     def returns_cache(input_ids, cache, attention_mask):
         position_ids = positions(attention_mask)[:, -input_ids.shape[1]:]
-        out = hf(input_ids, past_key_values=cache, attention_mask=attention_mask, position_ids=position_ids,
+        out = hf(input_ids, **{CACHE: cache}, attention_mask=attention_mask, position_ids=position_ids,
                  use_cache=True)
-        return out.logits, out.past_key_values
+        return out.logits, out[CACHE]
     return {"hf_model": hf, "callable": lambda ids: hf(ids).logits, "masked_callable": masked_callable(hf),
             "recompute": Recompute(masked_callable(hf)), "returns_cache": ReturnsCache(returns_cache)}
 
