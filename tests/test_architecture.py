@@ -127,6 +127,7 @@ WINGS = {
     "hfbridge._views": {"hfbridge._step", "hfbridge._generate"},
     "hfbridge.demo": {"hfbridge", "hfbridge.processors"},  # public names only
     "hfbridge.__main__": {"hfbridge", "hfbridge.processors", "hfbridge.demo"},
+    "hfbridge.lm_eval": {"hfbridge", "hfbridge.processors"},  # public names only (and lm-eval)
 }
 
 
@@ -164,6 +165,7 @@ def test_every_module_has_a_wing():
     ("hfbridge._hf.host", "hfbridge._step.layout"),
     ("hfbridge.processors", "hfbridge._step.layout"),
     ("hfbridge.demo._model", "hfbridge._step.sampler"),
+    ("hfbridge.lm_eval._scoring", "hfbridge._step.inputs"),
 ])
 def test_the_table_refuses_upward_imports(importer, imported):
     assert not allowed(importer, imported)

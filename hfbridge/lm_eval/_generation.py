@@ -14,6 +14,11 @@ which win. A model without a `generation_config` stops at the tokenizer's eos (a
 where its `generation_config` says, as in HFLM). A model that takes no attention mask (a plain
 callable without an `attention_mask` parameter, `InputPos`) would attend to the left padding of a
 batch, so its prompts of different lengths are generated apart, each length in one batch.
+
+>>> import torch
+>>> mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1]])     # three left-padded prompts
+>>> _row_groups(mask, lambda input_ids: input_ids), _row_groups(mask, lambda input_ids, attention_mask: input_ids)
+([[0, 2], [1]], [[0, 1, 2]])
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ def generate_until(lm: Any, requests: list[Any], *, disable_tqdm: bool = False) 
         contexts, all_kwargs = zip(*chunk)
         request_kwargs = all_kwargs[0]  # one group: every request of the chunk has the same gen_kwargs
         if not isinstance(request_kwargs, dict):
-            raise TypeError(f"a generate_until request's gen_kwargs must be a dict, got {type(request_kwargs).__name__}.")
+            raise TypeError("a generate_until request's gen_kwargs must be a dict, got "
+                            f"{type(request_kwargs).__name__}.")
         kwargs = dict(normalize_gen_kwargs(request_kwargs, lm.max_gen_toks))
         until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
         max_gen_toks = kwargs.pop("max_gen_toks")

@@ -159,6 +159,7 @@ def _check_request(context: list[int], continuation: list[int], max_length: int)
         raise ValueError("a loglikelihood request has no context tokens (lm-eval replaces an empty context with "
                          "the prefix token; check `prefix_token_id` and the tokenizer's bos/eos).")
     if not continuation:
-        raise ValueError("a loglikelihood request has no continuation tokens: the continuation text encodes to nothing.")
+        raise ValueError("a loglikelihood request has no continuation tokens: its continuation text encodes to "
+                         "nothing.")
     if len(continuation) > max_length:
         raise ValueError(f"a continuation of {len(continuation)} tokens is longer than `max_length`={max_length}.")

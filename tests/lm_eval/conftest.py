@@ -1,4 +1,4 @@
-"""Shared pieces of the lm-eval tests: skipped as a whole when lm-eval (or HFLM's accelerate) is missing."""
+"""Shared pieces of the lm-eval tests (each module skips itself when lm-eval is not installed)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,13 @@ import os
 
 import pytest
 
-pytest.importorskip("lm_eval")
-pytest.importorskip("accelerate")  # lm-eval's HFLM, the reference, imports it
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from transformers import AutoTokenizer, GPT2LMHeadModel  # noqa: E402
+from transformers import AutoTokenizer, GPT2LMHeadModel
 
-from _lm_eval_fixtures import save_model, save_task, save_tokenizer  # noqa: E402
+from _lm_eval_fixtures import save_model, save_task, save_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[lm-eval]')")
+pytest.importorskip("accelerate")  # lm-eval's HFLM, the reference, imports it
+
 from lm_eval import simple_evaluate
 from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager

@@ -5,15 +5,20 @@ from __future__ import annotations
 import inspect
 
 import pytest
+
+pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[lm-eval]')")
+pytest.importorskip("accelerate")  # lm-eval's HFLM, the reference, imports it
+
 import torch
-from _lm_eval_fixtures import CONTEXT, CORPUS
 from lm_eval.api.instance import Instance
-from _tiny_models import positions
 from lm_eval.models.huggingface import HFLM
 from transformers import GPT2LMHeadModel
 
 from hfbridge import Recompute, ReturnsCache
 from hfbridge.lm_eval import HFBridgeLM
+
+from _lm_eval_fixtures import CONTEXT, CORPUS
+from _tiny_models import positions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
