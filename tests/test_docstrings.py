@@ -13,7 +13,7 @@ MODULES = sorted(name for _, name, _ in pkgutil.walk_packages(hfbridge.__path__,
 
 
 # Optional subpackages and what they need: their modules are tested where that is installed.
-OPTIONAL = {"hfbridge.lm_eval": "lm_eval"}
+OPTIONAL = {"hfbridge.lm_eval": "lm_eval.api"}  # lm_eval.api: tests/lm_eval is a namespace package "lm_eval" on sys.path
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[lm-eval]')")
+pytest.importorskip("lm_eval.api", reason="lm-eval is not installed (pip install -e '.[lm-eval]')")
 pytest.importorskip("accelerate")  # lm-eval's HFLM, the reference, imports it
 
 from lm_eval import simple_evaluate

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install -e '.[lm-eval]')")
+pytest.importorskip("lm_eval.api", reason="lm-eval is not installed (pip install -e '.[lm-eval]')")
 pytest.importorskip("accelerate")  # lm-eval's HFLM, the reference, imports it
 
 import torch
