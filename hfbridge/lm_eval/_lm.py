@@ -96,7 +96,8 @@ class HFBridgeLM(TemplateLM):
                  chat_template_args: dict[str, Any] | None = None, max_batch_size: int | None = None,
                  **generate_defaults: Any):
         super().__init__()
-        requested = _requested_device(device)
+        self._rank, self._world_size = _distributed.rank_and_size()
+        requested = _distributed.rank_device(_requested_device(device), self._world_size)
         self.model = resolve_model(model, requested)
         self.tokenizer = resolve_tokenizer(tokenizer)
         self._device = requested or _device_of(self.model)
@@ -121,7 +122,6 @@ class HFBridgeLM(TemplateLM):
         self.generate_defaults = generate_defaults
         self.scorer = ModelScorer(self.model, layout=generate_defaults.get("layout"),
                                   vocab_size=generate_defaults.get("vocab_size"))
-        self._rank, self._world_size = _distributed.rank_and_size()
         del max_batch_size  # lm-eval's evaluator passes it to every model; no automatic batch size here
 
     # --- what lm-eval reads -------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 
@@ -40,8 +41,11 @@ def rolling(lm, texts):
 
 def _run_rank(folder, rank, port):
     torch.set_num_threads(1)
+    if rank == 0:  # the caller's own process group
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+    else:  # a launcher's variables (torchrun's): HFBridgeLM starts the group itself
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="1", LOCAL_RANK="1", WORLD_SIZE="2")
     # `run_two_ranks` destroys the group once this rank's values are sent
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     lm = build(folder)
     return (lm.rank, lm.world_size), evaluate(lm, folder), rolling(lm, TEXTS[rank])
 
