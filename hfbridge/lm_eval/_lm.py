@@ -119,6 +119,7 @@ class HFBridgeLM(TemplateLM):
         if chat_template_args is not None and not isinstance(chat_template_args, dict):
             raise TypeError(f"`chat_template_args` must be a dict, got {type(chat_template_args).__name__}.")
         self.chat_template_args = dict(chat_template_args or {})
+        _check_generate_defaults(generate_defaults)
         self.generate_defaults = generate_defaults
         self.scorer = ModelScorer(self.model, layout=generate_defaults.get("layout"),
                                   vocab_size=generate_defaults.get("vocab_size"))
@@ -267,6 +268,19 @@ class HFBridgeLM(TemplateLM):
         inner = self.model.model if isinstance(self.model, ModelAdapter) else self.model
         parameters = sum(p.numel() for p in inner.parameters()) if isinstance(inner, torch.nn.Module) else -1
         return {"model_class": type(inner).__name__, "model_num_parameters": parameters}
+
+
+# generate keywords that each request sets itself, and what to pass instead
+_PER_REQUEST = {"max_new_tokens": "max_gen_toks=", "max_length": "max_gen_toks=", "attention_mask": None,
+                "input_ids": None, "num_return_sequences": None, "return_dict_in_generate": None, "streamer": None}
+
+
+def _check_generate_defaults(options: dict[str, Any]) -> None:
+    for name in options:
+        if name in _PER_REQUEST:
+            instead = _PER_REQUEST[name]
+            raise ValueError(f"`{name}` cannot be a generate default of HFBridgeLM: each request sets it"
+                             + (f"; pass {instead} (new tokens per request) instead." if instead else "."))
 
 
 def _positive_int(name: str, value: Any) -> int:

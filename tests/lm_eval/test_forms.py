@@ -161,6 +161,8 @@ def test_chat_template_as_hflm():
     ({"model": "json:nothing_here"}, ValueError, "`model`='json:nothing_here': 'json' has no function 'nothing_here'."),
     ({"model": "json:JSONDecoder"}, TypeError, "`model`='json:JSONDecoder': JSONDecoder() must return the model (a callable), got JSONDecoder."),
     ({"model": 3}, TypeError, "`model` must be a model (a callable, an adapter or a PreTrainedModel) or a 'package.module:function' string, got int."),
+    ({"max_new_tokens": 5}, ValueError, "`max_new_tokens` cannot be a generate default of HFBridgeLM: each request sets it; pass max_gen_toks= (new tokens per request) instead."),
+    ({"attention_mask": None}, ValueError, "`attention_mask` cannot be a generate default of HFBridgeLM: each request sets it."),
     ({"tokenizer": object()}, TypeError, "`tokenizer` must be a transformers tokenizer or its name or path, got object."),
 ])
 def test_bad_arguments_are_named(arguments, error, message):
@@ -181,5 +183,8 @@ def test_bad_requests_are_named():
     wrong_rows = HFBridgeLM(lambda ids: torch.zeros(1, ids.shape[1], 45), char_tokenizer(), batch_size=2)
     with pytest.raises(ValueError, match=r"^the model returned logits for 1 rows, but was given 2 "):
         wrong_rows.loglikelihood(requests("loglikelihood", [("a", "b"), ("ab", "c")]))
+    typo = HFBridgeLM(TinyMasked(TinyCore(vocab=45)), char_tokenizer(), tempreature=0.5)  # generate's own check
+    with pytest.raises(TypeError, match=r"^generate\(\) got `tempreature`, .* Did you mean `temperature`\?$"):
+        typo.generate_until(requests("generate_until", [("abc", {"until": []})]))
     with pytest.raises(TypeError, match=r"^the model must return floating-point logits"):
         HFBridgeLM(lambda ids: ids, char_tokenizer()).loglikelihood(requests("loglikelihood", [("a", "b")]))
