@@ -96,11 +96,7 @@ class HFBridgeLM(TemplateLM):
                  chat_template_args: dict[str, Any] | None = None, max_batch_size: int | None = None,
                  **generate_defaults: Any):
         super().__init__()
-        self._rank, self._world_size = _distributed.rank_and_size()
-        requested = _distributed.rank_device(_requested_device(device), self._world_size)
-        self.model = resolve_model(model, requested)
-        self.tokenizer = resolve_tokenizer(tokenizer)
-        self._device = requested or _device_of(self.model)
+        # the cheap checks first: a bad argument is named before any model is built
         self.batch_size_per_gpu = _positive_int("batch_size", batch_size)
         self._max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
         self._max_length = None if max_length is None else _positive_int("max_length", max_length)
@@ -121,8 +117,17 @@ class HFBridgeLM(TemplateLM):
         self.chat_template_args = dict(chat_template_args or {})
         _check_generate_defaults(generate_defaults)
         self.generate_defaults = generate_defaults
+        requested = _requested_device(device)
+        self._rank, self._world_size = _distributed.rank_and_size()
+        requested = _distributed.rank_device(requested, self._world_size)
+        self.model = resolve_model(model, requested)
+        self.tokenizer = resolve_tokenizer(tokenizer)
+        self._device = requested or _device_of(self.model)
         self.scorer = ModelScorer(self.model, layout=generate_defaults.get("layout"),
                                   vocab_size=generate_defaults.get("vocab_size"))
+        inner = self.model.model if isinstance(self.model, ModelAdapter) else self.model
+        if isinstance(inner, torch.nn.Module) and inner.training:  # HFLM calls eval() on it; this leaves it as given
+            _log.warning("the model is in training mode (dropout is on): call model.eval() before evaluating it.")
         del max_batch_size  # lm-eval's evaluator passes it to every model; no automatic batch size here
 
     # --- what lm-eval reads -------------------------------------------------------------------
