@@ -129,6 +129,7 @@ WINGS = {
     "hfbridge.vllm": {"hfbridge._step", "hfbridge.processors"},  # and vLLM (optional)
     "hfbridge.demo": {"hfbridge", "hfbridge.processors"},  # public names only
     "hfbridge.__main__": {"hfbridge", "hfbridge.processors", "hfbridge.demo"},
+    "hfbridge.lm_eval": {"hfbridge", "hfbridge.processors"},  # public names only (and lm-eval)
 }
 
 
@@ -188,6 +189,7 @@ def test_every_module_has_a_wing():
     ("hfbridge._hf.host", "hfbridge._step.layout"),
     ("hfbridge.processors", "hfbridge._step.layout"),
     ("hfbridge.demo._model", "hfbridge._step.sampler"),
+    ("hfbridge.lm_eval._scoring", "hfbridge._step.inputs"),
 ])
 def test_the_table_refuses_upward_imports(importer, imported):
     assert not allowed(importer, imported)

@@ -25,10 +25,17 @@ def _installed(module: str) -> bool:
         return False
 
 
+# Optional subpackages and what they need: their modules are tested where that is installed.
+OPTIONAL = {"hfbridge.lm_eval": "lm_eval.api"}  # lm_eval.api: tests/lm_eval is a namespace package "lm_eval" on sys.path
+
+
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     if name in NEEDS and not _installed(NEEDS[name]):
         pytest.skip(f"{NEEDS[name].partition('.')[0]} is not installed")
+    for package, requirement in OPTIONAL.items():
+        if name == package or name.startswith(package + "."):
+            pytest.importorskip(requirement)
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0  # every module shows how it is used
 
