@@ -77,6 +77,7 @@ class DRYLogitsProcessor(LogitsProcessor):
         # llama.cpp: max_exponent = FLOAT_MAX_LOG / log(base) in float, truncated; 0 (no cap) for base ~ 1
         self._max_exponent = tuple(_max_exponent(b) for b in self.base.values)
         self._powers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cap_tensors: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows, length = input_ids.shape  # [B, T]
@@ -90,8 +91,12 @@ class DRYLogitsProcessor(LogitsProcessor):
         width = max(w for w, on in zip(windows, live) if on)  # M
         device = scores.device
         window = input_ids[:, length - width:].long()  # [B, M], oldest first
-        start = torch.tensor([width - w if on else width for w, on in zip(windows, live)], device=device)  # [B]
-        allowed_t = torch.tensor(allowed, device=device)[:, None]  # [B, 1]
+        # on the device from cached per-row tensors: a fresh host tensor would be a copy that waits for the device
+        allowed_t = self.allowed_length.tensor(rows, device, torch.long)[:, None]  # [B, 1]
+        last_n = self.penalty_last_n.tensor(rows, device, torch.long)  # [B]
+        off = (self.multiplier.tensor(rows, device) == 0) | (last_n == 0)
+        sizes = torch.where(off, 0, torch.where(last_n == -1, length, last_n.clamp(max=length)))  # [B] windows
+        start = torch.where(sizes > allowed_t.squeeze(1), width - sizes, width)  # [B]
         limit = self._rep_limit(window, start, scores.shape[1])  # [B]
         caps = [a + e if e > 0 else width for a, e in zip(allowed, self._max_exponent_rows(rows))]
         longest = min(width - 1, max(caps))
@@ -102,7 +107,7 @@ class DRYLogitsProcessor(LogitsProcessor):
         single, _ = self.breakers.masks(scores.shape[1], device)
         penalised &= ~_lookup(single, following)
         exponent = (repeats - allowed_t).clamp(min=0)
-        cap = torch.tensor(self._max_exponent_rows(rows), device=device)[:, None]
+        cap = self._caps(rows, device)  # [B, 1]
         exponent = torch.where((cap > 0) & (exponent > cap), cap, exponent)
         # llama.cpp: float penalty = multiplier * std::pow(base, e) (a double product, stored as float)
         factor = self.multiplier.tensor(rows, device, torch.float64)[:, None]
@@ -111,6 +116,15 @@ class DRYLogitsProcessor(LogitsProcessor):
         old = scores.gather(1, following)  # [B, M - 1]
         # the largest penalty of a token wins: scatter the minimum of score - penalty (rounding is monotone)
         return scores.scatter_reduce(1, following, old - penalty, reduce="amin", include_self=True)
+
+    def _caps(self, rows: int, device: torch.device) -> torch.Tensor:
+        """`(rows, 1)` long: each row's cap on the exponent (0: none), kept per batch size and device."""
+        key = (rows, device)
+        cached = self._cap_tensors.get(key)
+        if cached is None:
+            cached = torch.tensor(self._max_exponent_rows(rows), device=device)[:, None]
+            self._cap_tensors[key] = cached
+        return cached
 
     def _max_exponent_rows(self, rows: int) -> tuple[int, ...]:
         return self._max_exponent * rows if self.base.scalar else self._max_exponent
