@@ -4,8 +4,9 @@ On a GPU the sort that `TopPLogitsWarper` runs is one fast kernel, no host read,
 HF's by construction: the same ascending order of the scores, the same float32 softmax and running
 sum, the same comparison. Only the order among exactly equal scores, which HF leaves to the sort, is
 fixed here as on every other route of the fast path: the lowest ids are kept (equal values sit
-side by side whatever their order, so the sums are bit for bit HF's). `sorted_top_p_keep` returns the tokens kept instead of the scores, a chunk of rows at
-a time so that the sort's copies stay within a bounded multiple of one chunk.
+side by side whatever their order, so the sums are bit for bit HF's). `sorted_top_p_keep` returns the
+tokens kept instead of the scores, a chunk of rows at a time so that the sort's copies stay within a
+bounded multiple of one chunk.
 
 >>> import torch
 >>> scores = torch.tensor([[0.0, 1.0, 1.0, 3.0]])

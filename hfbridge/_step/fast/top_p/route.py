@@ -11,7 +11,7 @@ writes it or draws from it. The routes, in the order they are tried:
 | draw | `candidates`, many kept, `top_p >= 0.5`, every row has a distribution (`draw.py`) | `Draw` |
 | exact | `candidates`, otherwise (`sorted_mask.py` on CPU) | `Mask` |
 | compiled | under `torch.compile` (`compiled.py`, `torch.cond`) | `Fixed` |
-| device sort | eager, no `candidates`: an accelerator, `accelerator_route()` (`device_sort.py`: HF's own sort) | `Mask` |
+| device sort | eager, no `candidates`: an accelerator, `accelerator_route()` (`device_sort.py`) | `Mask` |
 
 `candidates` (read flags on the host) is on for CPU eager outside `accelerator_route()`
 (`hfbridge._step.routes.cpu_shortcuts`). Every route keeps HF's tokens; they differ in cost and in
