@@ -8,9 +8,12 @@ text-generation-webui's classes are read from that file at run time (its `DRYLog
 `PresencePenaltyLogitsProcessor`, `FrequencyPenaltyLogitsProcessor`, `DynamicTemperatureLogitsWarper`):
 nothing of it is copied here. Method: one thread, `time.thread_time()`, the implementations round-robin
 on the same inputs, medians. Text-generation-webui's processors write into the scores they get, so each of
-its calls gets a copy made outside the timer; hfbridge's leave their input alone and pay for their own
-copy. Before timing, the outputs are compared: equal values (DRY: a history without breakers and with
-repeats shorter than text-generation-webui's cap of 50, where both definitions agree).
+its calls gets a copy made outside the timer. hfbridge's are timed as hfbridge runs them, on the step's own
+float32 copy (made outside the timer too: a `Sampler` makes it whatever the chain holds), inside
+`owned_scores()`, where they may write into it; the "standalone" column is the processor called as
+transformers calls it, leaving its input alone and paying for its own output tensor. Before timing,
+the outputs are compared: equal values (DRY: a history without breakers and with repeats shorter than
+text-generation-webui's cap of 50, where both definitions agree).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from hfbridge.processors import (
     DynamicTemperatureLogitsWarper,
     PresenceFrequencyPenaltyLogitsProcessor,
 )
+from hfbridge.processors._host import owned_scores
 
 TGW_CLASSES = ("DRYLogitsProcessor", "PresencePenaltyLogitsProcessor", "FrequencyPenaltyLogitsProcessor",
                "DynamicTemperatureLogitsWarper")
@@ -65,6 +69,14 @@ def race(runs: dict, rounds: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+def owned(call):
+    """`call` as hfbridge's `Sampler` runs it: on scores that are the step's own copy."""
+    def run(scores):
+        with owned_scores():
+            return call(scores)
+    return run
+
+
 def no_breakers_history(rows: int, length: int, vocab: int, breakers: set[int], generator) -> torch.Tensor:
     ids = history(rows, length, vocab, generator)
     for token in breakers:  # no breaker inside: both definitions then agree
@@ -73,8 +85,8 @@ def no_breakers_history(rows: int, length: int, vocab: int, breakers: set[int], 
 
 
 def dry_cases(tgw: dict, rounds: int) -> list[str]:
-    lines = ["| DRY: B | V | context | hfbridge ms | TGW ms | TGW / hfbridge | values equal |",
-             "|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| DRY: B | V | context | hfbridge ms | standalone ms | TGW ms | TGW / hfbridge | values equal |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|"]
     breakers = {13, 198}
     for rows, vocab in [(1, 32000), (8, 50257), (32, 128256)]:
         for length in (256, 2048):
@@ -85,9 +97,11 @@ def dry_cases(tgw: dict, rounds: int) -> list[str]:
             theirs = tgw["DRYLogitsProcessor"](0.8, 1.75, 2, breakers, 0)
             expected = theirs(ids, scores.clone())
             equal = bool(torch.equal(ours(ids, scores), expected))
-            median = race({"hfbridge": (lambda: scores, lambda s: ours(ids, s)),
+            median = race({"hfbridge": (lambda: scores.clone(), owned(lambda s: ours(ids, s))),
+                           "standalone": (lambda: scores, lambda s: ours(ids, s)),
                            "tgw": (lambda: scores.clone(), lambda s: theirs(ids, s))}, rounds)
-            lines.append(f"| {rows} | {vocab} | {length} | {median['hfbridge'] * 1e3:.3f} | {median['tgw'] * 1e3:.3f} "
+            lines.append(f"| {rows} | {vocab} | {length} | {median['hfbridge'] * 1e3:.3f} | "
+                         f"{median['standalone'] * 1e3:.3f} | {median['tgw'] * 1e3:.3f} "
                          f"| {median['tgw'] / median['hfbridge']:.2f} | {equal} |")
     return lines
 
@@ -107,7 +121,7 @@ def penalty_cases(tgw: dict, rounds: int) -> list[str]:
             return frequency(ids, presence(ids, s))
 
         equal = bool(torch.allclose(ours(ids, scores), both(scores.clone()), rtol=0, atol=1e-5))
-        median = race({"hfbridge": (lambda: scores, lambda s: ours(ids, s)),
+        median = race({"hfbridge": (lambda: scores.clone(), owned(lambda s: ours(ids, s))),
                        "tgw": (lambda: scores.clone(), both)}, rounds)
         lines.append(f"| {rows} | {vocab} | {median['hfbridge'] * 1e3:.3f} | {median['tgw'] * 1e3:.3f} "
                      f"| {median['tgw'] / median['hfbridge']:.2f} | {equal} |")
@@ -122,7 +136,7 @@ def dynatemp_cases(tgw: dict, rounds: int) -> list[str]:
         ours = DynamicTemperatureLogitsWarper(0.8, 0.5)
         theirs = tgw["DynamicTemperatureLogitsWarper"](0.3, 1.3, 1.0)
         equal = bool(torch.allclose(ours(None, scores), theirs(None, scores.clone()), rtol=1e-5, atol=1e-5))
-        median = race({"hfbridge": (lambda: scores, lambda s: ours(None, s)),
+        median = race({"hfbridge": (lambda: scores.clone(), owned(lambda s: ours(None, s))),
                        "tgw": (lambda: scores.clone(), lambda s: theirs(None, s))}, rounds)
         lines.append(f"| {rows} | {vocab} | {median['hfbridge'] * 1e3:.3f} | {median['tgw'] * 1e3:.3f} "
                      f"| {median['tgw'] / median['hfbridge']:.2f} | {equal} |")

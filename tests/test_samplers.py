@@ -7,6 +7,7 @@ run alone; no processor writes into its input; XTC's rate under `probability`; m
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import _samplers_reference as ref
@@ -387,3 +388,25 @@ def test_a_row_with_nothing_left_stays_so_and_an_empty_batch_works(cls, params):
     single = {name: value[0] if isinstance(value, list) and name != "sequence_breakers" else value
               for name, value in params.items()}
     assert cls(**single)(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 30)).shape == (0, 30)
+
+
+def test_dry_writes_in_place_only_into_scores_it_owns():
+    from hfbridge import Sampler
+    from hfbridge.processors._host import owned_scores
+
+    ids = torch.tensor([[0, 1, 2, 0, 1]])
+    dry = DRYLogitsProcessor(1.0, base=1.1, sequence_breakers=[])
+    for device_only in (False, True):  # the host path and the batched path
+        with accelerator_route() if device_only else contextlib.nullcontext():
+            scores = torch.zeros(1, 4)
+            out = dry(ids, scores)
+            assert out is not scores and torch.equal(scores, torch.zeros(1, 4))
+            assert out.tolist() == [[0.0, 0.0, -1.0, 0.0]]
+            with owned_scores():
+                mine = torch.zeros(1, 4)
+                assert dry(ids, mine) is mine and torch.equal(mine, out)
+    logits = torch.zeros(1, 4)  # a Sampler lends its own float32 copy, never the caller's logits
+    for fast in (False, True):
+        sampler = Sampler(do_sample=True, top_k=0, dry_multiplier=1e9, dry_base=1.1, dry_sequence_breakers=[],
+                          fast=fast)
+        assert sampler(logits, ids).item() != 2 and torch.equal(logits, torch.zeros(1, 4))

@@ -19,15 +19,16 @@ rounded to float32 once, as llama.cpp computes it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 __all__ = ["HostRow", "row_penalties"]
 
+_FEW = 8  # up to this many repeat ends, plain Python
 
-@dataclass(frozen=True)
-class HostRow:
+
+class HostRow(NamedTuple):
     """One row's DRY settings and its window (`input_ids`' last tokens, oldest first)."""
 
     window: np.ndarray  # [W] int64, a view of the caller's ids (read only)
@@ -57,6 +58,8 @@ def row_penalties(row: HostRow, single: np.ndarray,
         return nothing
     # only min(n, limit) counts, and past allowed + cap the penalty no longer grows
     bound = limit if row.cap <= 0 else min(limit, row.allowed + row.cap)
+    if ends.size <= _FEW:
+        return _few_penalties(row, ends.tolist(), bound, single)
     lengths = np.ones(ends.size, dtype=np.int64)
     alive = np.arange(ends.size)
     shift = 1
@@ -75,15 +78,38 @@ def row_penalties(row: HostRow, single: np.ndarray,
     exponents = lengths[penalised] - row.allowed
     if row.cap > 0:
         np.minimum(exponents, row.cap, out=exponents)
-    # one double power per distinct exponent, as llama.cpp's float penalty = multiplier * pow(base, e)
-    distinct, where = np.unique(exponents, return_inverse=True)
-    table = np.array([row.multiplier * row.base ** int(e) for e in distinct], dtype=np.float64).astype(np.float32)
-    amounts = table[where]
-    order = np.lexsort((-amounts, tokens))  # by token, the largest penalty first
-    tokens, amounts = tokens[order], amounts[order]
+    order = np.lexsort((-exponents, tokens))  # by token, the longest repeat (the largest penalty) first
+    tokens, exponents = tokens[order], exponents[order]
     first = np.ones(tokens.size, dtype=bool)
     first[1:] = tokens[1:] != tokens[:-1]
-    return tokens[first], amounts[first]
+    tokens, exponents = tokens[first], exponents[first]
+    return tokens, _penalties(row, exponents.tolist())
+
+
+def _few_penalties(row: HostRow, ends: list[int], bound: int, single: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`row_penalties` for a handful of repeat ends: plain Python beats NumPy's fixed cost per call."""
+    window = row.window
+    width = window.shape[0]
+    longest: dict[int, int] = {}  # token -> its longest repeat
+    for end in ends:
+        length = 1
+        while length < bound and end - length >= 0 and window[end - length] == window[width - 1 - length]:
+            length += 1
+        token = int(window[end + 1])
+        if length >= row.allowed and not single[token] and length > longest.get(token, 0):
+            longest[token] = length
+    if not longest:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+    exponents = [length - row.allowed for length in longest.values()]
+    if row.cap > 0:
+        exponents = [min(e, row.cap) for e in exponents]
+    return np.fromiter(longest, dtype=np.int64, count=len(longest)), _penalties(row, exponents)
+
+
+def _penalties(row: HostRow, exponents: list[int]) -> np.ndarray:
+    """float32 `multiplier * base ** e`, the power in double as llama.cpp computes it (base >= 1: a
+    longer repeat never gets a smaller penalty)."""
+    return np.array([row.multiplier * row.base ** e for e in exponents], dtype=np.float64).astype(np.float32)
 
 
 def _rep_limit(window: np.ndarray, single: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]]) -> int:

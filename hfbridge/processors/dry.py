@@ -44,7 +44,7 @@ from transformers import LogitsProcessor
 
 from hfbridge.processors._dry_breakers import Breakers, compile_breakers
 from hfbridge.processors._dry_host import HostRow, row_penalties
-from hfbridge.processors._host import host_path
+from hfbridge.processors._host import host_path, scores_owned
 from hfbridge.processors._rows import RowParam
 
 __all__ = ["DEFAULT_SEQUENCE_BREAKERS", "DRYLogitsProcessor"]
@@ -122,6 +122,8 @@ class DRYLogitsProcessor(LogitsProcessor):
         penalty = torch.where(penalised, penalty, torch.zeros_like(penalty))
         old = scores.gather(1, following)  # [B, M - 1]
         # the largest penalty of a token wins: scatter the minimum of score - penalty (rounding is monotone)
+        if scores_owned():
+            return scores.scatter_reduce_(1, following, old - penalty, reduce="amin", include_self=True)
         return scores.scatter_reduce(1, following, old - penalty, reduce="amin", include_self=True)
 
     def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, windows: list[int],
@@ -143,14 +145,14 @@ class DRYLogitsProcessor(LogitsProcessor):
                 found_rows.append(np.full(tokens.size, row))
                 found_tokens.append(tokens)
                 found_amounts.append(amounts)
+        out = scores if scores_owned() else scores.clone()
         if not found_rows:
-            return scores.clone()
+            return out
         where = (torch.from_numpy(np.concatenate(found_rows)),
                  torch.from_numpy(np.concatenate(found_tokens)).long())
-        penalties = torch.from_numpy(np.concatenate(found_amounts)).to(scores.dtype)
-        out = scores.clone()
-        out.index_put_(where, out[where] - penalties)  # each (row, token) once: its largest penalty
-        return out
+        penalties = torch.from_numpy(np.concatenate(found_amounts)).neg_().to(scores.dtype)
+        # each (row, token) once, with its largest penalty: x + (-p) is x - p, one rounding
+        return out.index_put_(where, penalties, accumulate=True)
 
     def _host_masks(self, vocab: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         cached = self._numpy_masks.get(vocab)
