@@ -123,7 +123,7 @@ WINGS = {
     "hfbridge._models": {"hfbridge._hf"},
     "hfbridge._step": {"hfbridge._hf", "hfbridge.processors", "hfbridge._step.fast"},
     "hfbridge._step.fast": {"hfbridge._step.routes", "hfbridge._step.processor_list",
-                            "hfbridge._step.processor_repr", "hfbridge._step.row_errors"},
+                            "hfbridge._step.processor_repr", "hfbridge._step.row_errors", "hfbridge.processors"},
     "hfbridge._generate": {"hfbridge._step", "hfbridge._models", "hfbridge._hf"},
     "hfbridge._views": {"hfbridge._step", "hfbridge._generate"},
     "hfbridge.vllm": {"hfbridge._step", "hfbridge.processors"},  # and vLLM (optional)

@@ -7,6 +7,7 @@ run alone; no processor writes into its input; XTC's rate under `probability`; m
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import _samplers_reference as ref
@@ -15,6 +16,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from hfbridge import accelerator_route
 from hfbridge.processors import (
     DRYLogitsProcessor,
     DynamicTemperatureLogitsWarper,
@@ -66,6 +68,49 @@ def test_dry_matches_the_reference(case):
                        allowed=case["allowed"], last_n=case["last_n"],
                        breakers=[(b[0], tuple(b[1:])) for b in case["breakers"]])
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32), rtol=1e-6, atol=1e-5)
+
+
+@st.composite
+def dry_batches(draw):
+    rows = draw(st.integers(1, 5))
+    vocab = draw(st.integers(2, 9))
+    alphabet = draw(st.integers(1, vocab))
+    length = draw(st.integers(1, 90))
+    tokens = [draw(st.lists(st.integers(0, alphabet - 1), min_size=length, max_size=length)) for _ in range(rows)]
+    if draw(st.booleans()):  # a long repeat in the first row
+        tokens[0] = ([1 % vocab, 0] * length)[:length]
+    per_row = draw(st.booleans())
+
+    def value(options):
+        return [draw(st.sampled_from(options)) for _ in range(rows)] if per_row else draw(st.sampled_from(options))
+
+    scores = torch.tensor([draw(rows_of(vocab)) for _ in range(rows)], dtype=torch.float32)
+    return dict(tokens=torch.tensor(tokens), scores=scores.to(draw(st.sampled_from(DTYPES))),
+                breakers=draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3), max_size=3)),
+                multiplier=value([0.0, 0.5, 1.0, 2.5]), base=value([1.0, 1.1, 1.75, 3.0]),
+                allowed=value([1, 2, 3, 4]), last_n=value([-1, 0, 1, 3, 8, 20, 100]))
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def rows_of(vocab):
+    return rows(vocab)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=dry_batches())
+def test_dry_host_path_equals_the_batched_path(case):
+    """CPU batches search each row with NumPy; what an accelerator runs (`accelerator_route`) is batched."""
+    dry = DRYLogitsProcessor(case["multiplier"], case["base"], case["allowed"], case["last_n"],
+                             sequence_breakers=case["breakers"])
+    ids, scores = case["tokens"], case["scores"]
+    before = scores.clone()
+    host = dry(ids, scores)
+    with accelerator_route():
+        batched = dry(ids, scores)
+    assert torch.equal(scores, before)  # the caller's scores are never written
+    torch.testing.assert_close(host, batched, rtol=0, atol=0, equal_nan=True)
 
 
 def test_dry_long_repeat_and_exponent_cap():
@@ -263,7 +308,7 @@ def test_no_host_reads(cls, params):
     processor = cls(**params)
     ids = torch.randint(0, 6, (3, 40))
     processor(ids, torch.randn(3, 30))  # a first call (mirostat: the step before)
-    with HostReads() as reads:
+    with accelerator_route(), HostReads() as reads:  # what an accelerator runs: CPU's host paths off
         processor(torch.cat([ids, ids[:, :1]], dim=1), torch.randn(3, 30))
     assert reads.count == 0, reads.ops
 
@@ -288,7 +333,7 @@ def test_the_package_imports_only_torch_and_transformers():
 
     import hfbridge.processors
 
-    allowed = {"torch", "transformers", "__future__"}
+    allowed = {"torch", "transformers", "numpy", "__future__"}  # numpy: a dependency of transformers
     for path in Path(hfbridge.processors.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -343,3 +388,25 @@ def test_a_row_with_nothing_left_stays_so_and_an_empty_batch_works(cls, params):
     single = {name: value[0] if isinstance(value, list) and name != "sequence_breakers" else value
               for name, value in params.items()}
     assert cls(**single)(torch.zeros(0, 4, dtype=torch.long), torch.zeros(0, 30)).shape == (0, 30)
+
+
+def test_dry_writes_in_place_only_into_scores_it_owns():
+    from hfbridge import Sampler
+    from hfbridge.processors._host import owned_scores
+
+    ids = torch.tensor([[0, 1, 2, 0, 1]])
+    dry = DRYLogitsProcessor(1.0, base=1.1, sequence_breakers=[])
+    for device_only in (False, True):  # the host path and the batched path
+        with accelerator_route() if device_only else contextlib.nullcontext():
+            scores = torch.zeros(1, 4)
+            out = dry(ids, scores)
+            assert out is not scores and torch.equal(scores, torch.zeros(1, 4))
+            assert out.tolist() == [[0.0, 0.0, -1.0, 0.0]]
+            with owned_scores():
+                mine = torch.zeros(1, 4)
+                assert dry(ids, mine) is mine and torch.equal(mine, out)
+    logits = torch.zeros(1, 4)  # a Sampler lends its own float32 copy, never the caller's logits
+    for fast in (False, True):
+        sampler = Sampler(do_sample=True, top_k=0, dry_multiplier=1e9, dry_base=1.1, dry_sequence_breakers=[],
+                          fast=fast)
+        assert sampler(logits, ids).item() != 2 and torch.equal(logits, torch.zeros(1, 4))

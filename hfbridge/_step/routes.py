@@ -26,6 +26,8 @@ from contextvars import ContextVar
 import numpy
 import torch
 
+from hfbridge.processors._host import device_only
+
 __all__ = ["accelerator_route", "cpu_shortcuts", "greedy_choice", "ids_outside"]
 
 _ACCELERATOR_ROUTE: ContextVar[bool] = ContextVar("hfbridge_accelerator_route", default=False)
@@ -42,7 +44,8 @@ def accelerator_route() -> Iterator[None]:
     """
     token = _ACCELERATOR_ROUTE.set(True)
     try:
-        yield
+        with device_only():  # the processors' host paths too
+            yield
     finally:
         _ACCELERATOR_ROUTE.reset(token)
 

@@ -27,6 +27,7 @@ from hfbridge._step.processor_list import CheckedProcessorList, processor_name
 from hfbridge._step.routes import greedy_choice
 from hfbridge._step.row_errors import invalid_rows_error
 from hfbridge._step.sampler_inputs import StepInputs
+from hfbridge.processors._host import owned_scores
 
 
 class Sampler(StepInputs):
@@ -234,8 +235,10 @@ class Sampler(StepInputs):
             return result.tokens
         if not processors and not self.do_sample:
             return self.choose(rows)  # plain argmax reads the logits without copying them
-        # `process` without its checks, made above
-        return self.choose(processors(cast(torch.LongTensor, input_ids), self._float_copy(rows)), raw=rows)
+        # `process` without its checks, made above; the copy is the step's own: processors may write into it
+        with owned_scores():
+            scores = processors(cast(torch.LongTensor, input_ids), self._float_copy(rows))
+        return self.choose(scores, raw=rows)
 
     @property
     def invalid_rows(self) -> torch.Tensor | None:
@@ -317,7 +320,8 @@ class Sampler(StepInputs):
         if scores.shape[-1] != self._vocab_checked:
             self._check_vocab(scores.shape[-1])
         self._check_rows_per_row(scores.shape[0])
-        return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
+        with owned_scores():
+            return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
     def _check_vocab(self, vocab: int) -> None:
         """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""

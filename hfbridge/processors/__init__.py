@@ -4,7 +4,8 @@ Each class here works in hfbridge's `sample_step`, `Sampler` and `generate` (as 
 in `processors=`), and in transformers' own `model.generate(logits_processor=[...])`. Every one is
 batched (no Python loop over rows or tokens), makes no host read of a device value, and takes one
 value or one value per row for each numeric parameter. Semantics follow llama.cpp's
-`src/llama-sampler.cpp` unless a class says otherwise. Imports: torch and transformers only.
+`src/llama-sampler.cpp` unless a class says otherwise. Imports: torch, transformers and NumPy (which
+transformers depends on) only.
 
 | class | what it does |
 | --- | --- |

@@ -38,10 +38,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor
 
 from hfbridge.processors._dry_breakers import Breakers, compile_breakers
+from hfbridge.processors._dry_host import HostRow, row_penalties
+from hfbridge.processors._host import host_path, scores_owned
 from hfbridge.processors._rows import RowParam
 
 __all__ = ["DEFAULT_SEQUENCE_BREAKERS", "DRYLogitsProcessor"]
@@ -51,6 +54,7 @@ _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's bound on the exponent: base ** e stay
 _MASK64 = (1 << 64) - 1
 _BASE = 6364136223846793005  # odd: invertible modulo 2 ** 64
 _MIX = 0x9E3779B97F4A7C15  # spreads token ids over 64 bits
+_HOST_ROWS = 64  # CPU batches up to this many rows take the host path (benchmarks/samplers.py, --dry)
 
 
 class DRYLogitsProcessor(LogitsProcessor):
@@ -77,6 +81,8 @@ class DRYLogitsProcessor(LogitsProcessor):
         # llama.cpp: max_exponent = FLOAT_MAX_LOG / log(base) in float, truncated; 0 (no cap) for base ~ 1
         self._max_exponent = tuple(_max_exponent(b) for b in self.base.values)
         self._powers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cap_tensors: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._numpy_masks: dict[int, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = {}
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows, length = input_ids.shape  # [B, T]
@@ -87,11 +93,17 @@ class DRYLogitsProcessor(LogitsProcessor):
         live = [w > a for w, a in zip(windows, allowed)]  # llama.cpp: a window <= allowed_length does nothing
         if not any(live):
             return scores
+        if rows <= _HOST_ROWS and host_path(input_ids, scores):
+            return self._on_host(input_ids, scores, windows, live)
         width = max(w for w, on in zip(windows, live) if on)  # M
         device = scores.device
         window = input_ids[:, length - width:].long()  # [B, M], oldest first
-        start = torch.tensor([width - w if on else width for w, on in zip(windows, live)], device=device)  # [B]
-        allowed_t = torch.tensor(allowed, device=device)[:, None]  # [B, 1]
+        # on the device from cached per-row tensors: a fresh host tensor would be a copy that waits for the device
+        allowed_t = self.allowed_length.tensor(rows, device, torch.long)[:, None]  # [B, 1]
+        last_n = self.penalty_last_n.tensor(rows, device, torch.long)  # [B]
+        off = (self.multiplier.tensor(rows, device) == 0) | (last_n == 0)
+        sizes = torch.where(off, 0, torch.where(last_n == -1, length, last_n.clamp(max=length)))  # [B] windows
+        start = torch.where(sizes > allowed_t.squeeze(1), width - sizes, width)  # [B]
         limit = self._rep_limit(window, start, scores.shape[1])  # [B]
         caps = [a + e if e > 0 else width for a, e in zip(allowed, self._max_exponent_rows(rows))]
         longest = min(width - 1, max(caps))
@@ -102,7 +114,7 @@ class DRYLogitsProcessor(LogitsProcessor):
         single, _ = self.breakers.masks(scores.shape[1], device)
         penalised &= ~_lookup(single, following)
         exponent = (repeats - allowed_t).clamp(min=0)
-        cap = torch.tensor(self._max_exponent_rows(rows), device=device)[:, None]
+        cap = self._caps(rows, device)  # [B, 1]
         exponent = torch.where((cap > 0) & (exponent > cap), cap, exponent)
         # llama.cpp: float penalty = multiplier * std::pow(base, e) (a double product, stored as float)
         factor = self.multiplier.tensor(rows, device, torch.float64)[:, None]
@@ -110,7 +122,54 @@ class DRYLogitsProcessor(LogitsProcessor):
         penalty = torch.where(penalised, penalty, torch.zeros_like(penalty))
         old = scores.gather(1, following)  # [B, M - 1]
         # the largest penalty of a token wins: scatter the minimum of score - penalty (rounding is monotone)
+        if scores_owned():
+            return scores.scatter_reduce_(1, following, old - penalty, reduce="amin", include_self=True)
         return scores.scatter_reduce(1, following, old - penalty, reduce="amin", include_self=True)
+
+    def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, windows: list[int],
+                 live: list[bool]) -> torch.Tensor:
+        """The small-batch path (`_dry_host.py`): each live row searched with NumPy, one indexed write."""
+        rows, vocab = scores.shape
+        single, groups = self._host_masks(vocab)
+        ids = input_ids.numpy()  # [B, T], the caller's memory: read only
+        multiplier, base = self.multiplier.for_rows(rows), self.base.for_rows(rows)
+        allowed, caps = self.allowed_length.for_rows(rows), self._max_exponent_rows(rows)
+        found_rows, found_tokens, found_amounts = [], [], []
+        for row in range(rows):
+            if not live[row]:
+                continue
+            settings = HostRow(ids[row, ids.shape[1] - windows[row]:], float(multiplier[row]), float(base[row]),
+                               int(allowed[row]), caps[row])
+            tokens, amounts = row_penalties(settings, single, groups)
+            if tokens.size:
+                found_rows.append(np.full(tokens.size, row))
+                found_tokens.append(tokens)
+                found_amounts.append(amounts)
+        out = scores if scores_owned() else scores.clone()
+        if not found_rows:
+            return out
+        where = (torch.from_numpy(np.concatenate(found_rows)),
+                 torch.from_numpy(np.concatenate(found_tokens)).long())
+        penalties = torch.from_numpy(np.concatenate(found_amounts)).neg_().to(scores.dtype)
+        # each (row, token) once, with its largest penalty: x + (-p) is x - p, one rounding
+        return out.index_put_(where, penalties, accumulate=True)
+
+    def _host_masks(self, vocab: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        cached = self._numpy_masks.get(vocab)
+        if cached is None:
+            single, groups = self.breakers.masks(vocab, torch.device("cpu"))
+            cached = (single.numpy(), [(heads.numpy(), tail.numpy()) for heads, tail in groups])
+            self._numpy_masks[vocab] = cached
+        return cached
+
+    def _caps(self, rows: int, device: torch.device) -> torch.Tensor:
+        """`(rows, 1)` long: each row's cap on the exponent (0: none), kept per batch size and device."""
+        key = (rows, device)
+        cached = self._cap_tensors.get(key)
+        if cached is None:
+            cached = torch.tensor(self._max_exponent_rows(rows), device=device)[:, None]
+            self._cap_tensors[key] = cached
+        return cached
 
     def _max_exponent_rows(self, rows: int) -> tuple[int, ...]:
         return self._max_exponent * rows if self.base.scalar else self._max_exponent

@@ -93,6 +93,7 @@ from hfbridge._step.fast.top_p.mask import top_p_mask
 from hfbridge._step.fast.top_p.route import top_p_plan
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.routes import cpu_shortcuts
+from hfbridge.processors._host import owned_scores
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
 
@@ -233,9 +234,11 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
                 keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
             state.filtered(processor.filter_value, Mask(keep, probs))
         else:
-            scores = state.materialize()
+            scores = state.materialize()  # a private tensor: the processor may write into it
+            with owned_scores():
+                output = processor(input_ids, scores)
             # a processor run here gets the check CheckedProcessorList gives it in exact mode
-            state.scores = check_processor_output(processor, scores, processor(input_ids, scores), index=index)
+            state.scores = check_processor_output(processor, scores, output, index=index)
     return state
 
 

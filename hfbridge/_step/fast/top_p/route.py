@@ -11,7 +11,7 @@ writes it or draws from it. The routes, in the order they are tried:
 | draw | `candidates`, many kept, `top_p >= 0.5`, every row has a distribution (`draw.py`) | `Draw` |
 | exact | `candidates`, otherwise (`sorted_mask.py` on CPU) | `Mask` |
 | compiled | under `torch.compile` (`compiled.py`, `torch.cond`) | `Fixed` |
-| radix | eager, no `candidates`: an accelerator, `accelerator_route()` (`compiled.top_p_keep`) | `Mask` |
+| device sort | eager, no `candidates`: an accelerator, `accelerator_route()` (`device_sort.py`) | `Mask` |
 
 `candidates` (read flags on the host) is on for CPU eager outside `accelerator_route()`
 (`hfbridge._step.routes.cpu_shortcuts`). Every route keeps HF's tokens; they differ in cost and in
@@ -35,7 +35,8 @@ import torch
 from hfbridge._step.fast.candidates import TopPTry, top_p_count
 from hfbridge._step.fast.one_row import one_row_kept
 from hfbridge._step.fast.pending import Candidates, Draw, Fixed, Mask, OneRow, Pending
-from hfbridge._step.fast.top_p.compiled import fixed_top_p, top_p_keep
+from hfbridge._step.fast.top_p.compiled import fixed_top_p
+from hfbridge._step.fast.top_p.device_sort import sorted_top_p_keep
 from hfbridge._step.fast.top_p.draw import top_p_route
 from hfbridge._step.fast.top_p.sorted_mask import exact_top_p_mask
 
@@ -81,5 +82,6 @@ def top_p_plan(state: FastState, top_p: float, at_least: int, *, candidates: boo
         return Mask(exact_top_p_mask(probs, top_p, at_least, scores=scores), probs)
     if torch.compiler.is_compiling():  # fixed shapes, candidates first, on the device
         return Fixed(fixed_top_p(scores, top_p, at_least))
-    # eager fixed shapes: the radix select (`torch.cond` would read its flag on the host)
-    return Mask(top_p_keep(scores, probs, top_p, at_least), probs)
+    # eager on an accelerator: HF's own sort, one fast kernel there and no host read (the radix
+    # select of `compiled.top_p_keep` took 13-40x longer on an H200, benchmarks/gpu.py)
+    return Mask(sorted_top_p_keep(scores, top_p, at_least), probs)

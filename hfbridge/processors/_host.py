@@ -1,0 +1,65 @@
+"""What a processor may do beyond its contract: a host path for CPU tensors, writing into owned scores.
+
+On CPU a host read costs nothing (no device to wait for), and for a few rows NumPy on views beats a
+chain of torch kernels. `device_only()` turns such paths off, so that CPU runs what an accelerator
+runs (hfbridge's `accelerator_route()` enters it; tests count host reads inside it).
+
+A processor leaves the scores it is given untouched (transformers' `generate` keeps them). Inside
+`owned_scores()` the scores are the caller's private copy, as hfbridge's `Sampler` runs its chain on its
+own float32 copy: a processor may then write into them and return them, saving a pass over the
+vocabulary and a fresh tensor.
+
+>>> import torch
+>>> host_path(torch.zeros(2)), host_path(torch.zeros(2), torch.zeros(2))
+(True, True)
+>>> with device_only():
+...     host_path(torch.zeros(2))
+False
+>>> with owned_scores():
+...     scores_owned()
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+import torch
+
+__all__ = ["device_only", "host_path", "owned_scores", "scores_owned"]
+
+_DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
+_OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
+
+
+@contextlib.contextmanager
+def owned_scores() -> Iterator[None]:
+    """Within it, the scores processors receive are the caller's private copy: they may write into them."""
+    token = _OWNED.set(True)
+    try:
+        yield
+    finally:
+        _OWNED.reset(token)
+
+
+def scores_owned() -> bool:
+    """Whether the scores being processed may be written in place (see `owned_scores`)."""
+    return _OWNED.get()
+
+
+@contextlib.contextmanager
+def device_only() -> Iterator[None]:
+    """Within it, processors take no host path: CPU runs the kernels an accelerator runs."""
+    token = _DEVICE_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _DEVICE_ONLY.reset(token)
+
+
+def host_path(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor is on the CPU, eager (not traced by `torch.compile`), outside `device_only()`."""
+    return (not _DEVICE_ONLY.get() and not torch.compiler.is_compiling()
+            and all(tensor.device.type == "cpu" for tensor in tensors))
