@@ -316,12 +316,16 @@ class Sampler(StepInputs):
         self._generator_fits = (self.generator, device)
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which they may modify."""
+        """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which HF's processors may modify.
+
+        hfbridge's own processors leave `scores` as they are here, as in transformers' loop, which keeps that
+        very tensor as the step's raw logits; they write in place only into the step's private copy
+        (`next_tokens`).
+        """
         if scores.shape[-1] != self._vocab_checked:
             self._check_vocab(scores.shape[-1])
         self._check_rows_per_row(scores.shape[0])
-        with owned_scores():
-            return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
+        return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
     def _check_vocab(self, vocab: int) -> None:
         """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""

@@ -366,3 +366,18 @@ def test_token_sequence_options_are_not_per_row_values():
                              thinking_end=[7, 8])
     # the prompt ends inside a thinking span (its last token is the start tag): a budget of 0 forces the end tag
     assert ours[0, 3:5].tolist() == [7, 8]
+
+
+def test_raw_logits_are_the_model_s_with_hfbridge_s_processors():
+    """transformers keeps the tensor its processors receive as the step's raw logits: DRY must not write into it."""
+    table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+    prompt = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]])
+
+    def model(ids):
+        return table[ids]
+
+    out = generate(model, prompt, max_new_tokens=3, dry_multiplier=5.0, dry_sequence_breakers=[],
+                   return_dict_in_generate=True, output_logits=True, output_scores=True)
+    for step, logits in enumerate(out.logits):
+        assert torch.equal(logits, table[out.sequences[:, prompt.shape[1] + step - 1]])
+    assert not torch.equal(out.scores[0], out.logits[0])  # DRY changed the scores, not the logits
