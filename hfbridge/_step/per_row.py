@@ -174,7 +174,8 @@ class RowPlan:
     names: list[str]
     group_keys: list[tuple] = field(default_factory=list)  # each group's values, in the order of `names`
     lists: list[list] = field(default_factory=list)  # each group's full processor list, after `build`
-    positions: list[tuple[str, Any]] = field(default_factory=list)  # the template's places, after `build`
+    # the template's places, after `build`: (kind, the shared processor or the temperatures, each group's part)
+    positions: list[tuple[str, Any, list]] = field(default_factory=list)
     indices: list[torch.Tensor] = field(default_factory=list)  # each group's rows, on the device
 
     @property
@@ -203,7 +204,7 @@ class RowPlan:
                     varying.add(kind)
             if kind not in varying:
                 merged.append(processor)
-                self.positions.append(("shared", processor))
+                self.positions.append(("shared", processor, []))
                 for group_list in self.lists:
                     group_list.append(processor)
                 continue
@@ -214,20 +215,33 @@ class RowPlan:
             if kind == "TemperatureLogitsWarper" and device.type in _TEMPERATURE_DEVICES:
                 divisors = self._temperatures(parts)  # [N, 1], on CPU (the fast groups use it on CPU only)
                 merged.append(PerRowTemperature(divisors, device))
-                self.positions.append(("temperature", divisors))
+                self.positions.append(("temperature", divisors, parts))
             else:
                 merged.append(PerRowProcessor(kind, list(zip(parts, self.indices)), self.rows))
-                self.positions.append(("parts", parts))
+                self.positions.append(("parts", parts, parts))
         return merged
 
-    def fast_groups(self, device: torch.device) -> list[tuple[list[int], torch.Tensor, list, bool]]:
-        """`(rows, (n,) index, processors, samples)` per fast draw: on CPU, rows whose values differ only in
-        temperature share one, with a `(n, 1)` temperature the fast path divides by (the same bits as
-        HF's division, see `PerRowTemperature`); elsewhere one per group, with its own HF list.
+    def group_tail(self, number: int, start: int) -> list:
+        """Group `number`'s own processors from the template's place `start` on (its whole chain's tail)."""
+        processors = []
+        for kind, held, parts in self.positions[start:]:
+            if kind == "shared":
+                processors.append(held)
+            elif parts[number] is not None:
+                processors.append(parts[number])
+        return processors
+
+    def fast_groups(self, device: torch.device, start: int = 0) -> list[tuple[list[int], torch.Tensor, list, bool]]:
+        """`(rows, (n,) index, processors, samples)` per fast draw, the processors from the template's place
+        `start` on: on CPU, rows whose values differ only in temperature share one, with a `(n, 1)`
+        temperature the fast path divides by (the same bits as HF's division, see `PerRowTemperature`);
+        elsewhere, or when a processor keeps state per row, one per group, with its own HF list.
         """
-        if device.type != "cpu" or not any(kind == "temperature" for kind, _ in self.positions):
-            return [(rows, index, own, self.samples[rows[0]])
-                    for (_, rows), index, own in zip(self.groups, self.indices, self.lists)]
+        stateful = any(is_stateful(part) for kind, _, parts in self.positions[start:] for part in parts
+                       if kind != "shared" and part is not None)
+        if device.type != "cpu" or stateful or not any(kind == "temperature" for kind, _, _ in self.positions[start:]):
+            return [(rows, index, self.group_tail(number, start), self.samples[rows[0]])
+                    for number, ((_, rows), index) in enumerate(zip(self.groups, self.indices))]
         skip = self.names.index("temperature") if "temperature" in self.names else None
         merged: dict[tuple, list[int]] = {}  # key without the temperature -> the groups it joins
         for number, (_, rows) in enumerate(self.groups):
@@ -240,7 +254,7 @@ class RowPlan:
             index = torch.tensor(rows, dtype=torch.long, device=device)
             first, samples = joined[0], self.samples[rows[0]]
             processors = []
-            for kind, held in self.positions:
+            for kind, held, _ in self.positions[start:]:
                 if kind == "shared":
                     processors.append(held)
                 elif kind == "parts" and held[first] is not None:

@@ -111,7 +111,8 @@ def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler 
 
     Only plain option values are cached (numbers, strings, lists, dicts, tuples); the processors
     built for them keep nothing between calls but tensors sized by the vocabulary and device,
-    which are part of the key. Returns None when the options cannot be a key. The cache holds
+    which are part of the key. A Sampler whose processors keep state per row (mirostat) is never
+    cached: every `sample_step` call starts afresh. Returns None when the options cannot be a key. The cache holds
     at most `_SAMPLER_CACHE_SIZE` samplers, least recently used out first.
     """
     layout = options.get("layout")
@@ -130,6 +131,8 @@ def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler 
             _SAMPLER_CACHE.move_to_end(key)
             return sampler
     sampler = Sampler(**options)
+    if sampler.is_stateful:
+        return sampler  # mirostat keeps state per row: each call starts afresh, with its own Sampler
     with _SAMPLER_CACHE_LOCK:
         _SAMPLER_CACHE[key] = sampler
         while len(_SAMPLER_CACHE) > _SAMPLER_CACHE_SIZE:
