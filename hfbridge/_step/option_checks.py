@@ -46,8 +46,9 @@ _ONE_OR_MORE_IDS = ("eos_token_id", "forced_eos_token_id")
 _ID_LISTS = ("suppress_tokens", "begin_suppress_tokens")
 
 
-# Options holding token ids (checked against the vocabulary at the first step).
-TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "sequence_bias")
+# Options holding token ids (checked against the vocabulary at the first step); DRY's breakers may be
+# strings too (those are found in the tokenizer's vocabulary).
+TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "sequence_bias", "dry_sequence_breakers")
 
 # Every option `check_options` knows (a prepared config is checked on these names).
 CHECKED_OPTIONS = (*_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
@@ -113,6 +114,9 @@ def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
             pairs += [(name, int(token)) for sequence, _ in items for token in sequence]
         elif name == "bad_words_ids":
             pairs += [(name, int(token)) for sequence in value for token in sequence]
+        elif name == "dry_sequence_breakers":
+            pairs += [(name, int(token)) for sequence in value if not isinstance(sequence, str)
+                      for token in (sequence.tolist() if hasattr(sequence, "tolist") else sequence)]
         elif is_int(value):
             pairs.append((name, int(value)))
         else:

@@ -11,7 +11,6 @@ vocabulary width and device (`_reusable_sampler`).
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -88,8 +87,7 @@ def sample_step(
         sampler = _reusable_sampler(logits, options)
         if sampler is not None:
             if generator is not None:
-                sampler = copy.copy(sampler)  # the cached one keeps no generator
-                sampler._setup_generator(generator)
+                sampler = sampler.with_generator(generator)  # the cached one keeps no generator
             return sampler(logits, input_ids)
     sampler = Sampler(generation_config, processors=processors, generator=generator,
                       attention_mask=attention_mask, **options)

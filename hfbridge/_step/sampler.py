@@ -9,6 +9,7 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
@@ -28,6 +29,23 @@ from hfbridge._step.row_errors import invalid_rows_error
 from hfbridge._step.option_table import sampling_processors
 from hfbridge._step.sampler_inputs import StepInputs
 from hfbridge.processors._stateful import is_stateful
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What `Sampler.step` returns.
+
+    Attributes:
+        tokens: `(rows,)` int64 the chosen tokens.
+        scores: `(rows, vocab)` the processed scores (exact path), or None (the fast path keeps none).
+        invalid: `(rows,)` bool on the device, True for a row with nothing to choose; None when checked already.
+        explain: Raises exact mode's error for the invalid rows (reads the device); None with `invalid`.
+    """
+
+    tokens: torch.Tensor
+    scores: torch.Tensor | None
+    invalid: torch.Tensor | None
+    explain: Callable[[], None] | None
 
 
 class Sampler(StepInputs):
@@ -154,6 +172,19 @@ class Sampler(StepInputs):
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
         self._batch_rows = 1  # the rows of the last step (`rollback` with one length for every row)
+
+    def with_generator(self, generator: Generators) -> Sampler:
+        """A copy of this sampler drawing from `generator` (one, or one per row); the processors are shared.
+
+        >>> sampler = Sampler(top_k=2, do_sample=True)
+        >>> sampler.with_generator(torch.Generator().manual_seed(0)).generator is not None
+        True
+        """
+        copied = copy.copy(self)
+        copied._setup_generator(generator)
+        copied._rows = copy.copy(self._rows)
+        copied._rows.copies = {}  # a copy per row of a stateful processor belongs to one generator list
+        return copied
 
     def _setup_generator(self, generator: Generators) -> None:
         check_generators(generator)
@@ -333,6 +364,41 @@ class Sampler(StepInputs):
             return
         scores = result.final_scores()  # [N, V] HF's processed scores; invalid rows keep their cause
         self._raise_bad_rows(~result.valid, raw, scores)  # exact mode's own error (`_row_errors`)
+
+    def step(self, input_ids: torch.Tensor, rows: torch.Tensor, *, scores: torch.Tensor | None = None) -> StepResult:
+        """The step a generation loop calls: the processors, then the choice (exact or fast, per-row groups
+        and generators as set up), with no host read where the choice needs none.
+
+        Args:
+            input_ids: `(rows, seq)` the tokens so far.
+            rows: `(rows, vocab)` the model's logits; read, never written.
+            scores: Exact path only: a float32 copy of `rows` the processors may write into (a loop
+                keeping HF's raw logits passes the very tensor it keeps); default: one made here.
+
+        Returns:
+            A `StepResult`: the tokens, the processed scores (None on the fast path), and the rows that
+            had nothing to choose as a `(rows,)` bool on the device (None where the choice already
+            raised: exact sampling's `torch.multinomial` reads its input), with `explain()` to raise
+            exact mode's error for them.
+
+        >>> result = Sampler(top_k=1, do_sample=True).step(None, torch.tensor([[0.0, 3.0, 1.0]]))
+        >>> result.tokens.tolist(), result.invalid
+        ([1], None)
+        """
+        if self.fast and self.do_sample:
+            tokens = self.next_tokens(input_ids, rows, check=False)
+            return StepResult(tokens, None, self.invalid_rows, lambda: self.check_rows(True))
+        scores = self.process(input_ids, self._float_copy(rows) if scores is None else scores)  # [N, V]
+        if self.do_sample:
+            return StepResult(self.choose(scores, raw=rows), scores, None, None)
+        tokens, best = greedy_choice(scores)  # [N], [N]: the best score is the validity check too
+        invalid = ~(best > float("-inf"))
+        return StepResult(tokens, scores, invalid, lambda: self.explain_invalid(invalid, rows, scores))
+
+    def explain_invalid(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+        """Raise exact mode's `ValueError` for the rows `bad` (`(rows,)` bool) left with nothing to choose:
+        NaN or +inf in the model's logits `raw` (sampling), or processors that removed every token."""
+        self._raise_bad_rows(bad, raw, scores)
 
     def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
         """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""

@@ -81,6 +81,8 @@ def finite_count(scores: torch.Tensor) -> torch.Tensor:
     >>> finite_count(torch.tensor([[0.0, -1.0, -float("inf")], [-2.0, 0.0, -5.0]])).tolist()
     [[2.0], [3.0]]
     """
+    if torch.finfo(scores.dtype).max < _BIG:  # float16: -1e30 is out of its range; count in float32
+        return finite_count(scores.float()).to(scores.dtype)
     removed = (scores.clamp(min=-_BIG).sum(-1, keepdim=True) / -_BIG).round()
     return (scores.shape[-1] - removed).clamp(min=1)
 
@@ -95,6 +97,8 @@ def gate(values: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     >>> gate(torch.tensor([[1.0, 2.0, 3.0, -float("inf")]]), torch.tensor([[2.0]])).tolist()
     [[-inf, 0.0, 0.0, -inf]]
     """
+    if torch.finfo(values.dtype).max < _BIG:  # float16: the 1e30 scale is out of its range; gate in float32
+        return gate(values.float(), floor.float()).to(values.dtype)
     floor = floor.clamp(min=torch.finfo(values.dtype).min)  # a floor of -inf keeps every value but -inf
     shifted = (values - floor).clamp_(max=0.0).mul_(1e30)  # 0 where kept, < -1e-15 (or -inf) where not
     return torch.nn.functional.threshold(shifted, -1e-20, -torch.inf, inplace=True)
