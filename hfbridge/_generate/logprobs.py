@@ -52,7 +52,8 @@ def logprobs(output: Any, tokenizer: Any = None, *, top_logprobs: int = 0, kind:
         A list with one `{"content": [...]}` per row; each entry has `token` (str), `logprob`
         (float, natural log; `-inf` for a token its distribution had removed), `bytes` (the token's
         own bytes, a list of ints: the UTF-8 of `token`, or for a token that holds part of a character
-        the bytes it adds, so that consecutive tokens' bytes rebuild the text, as OpenAI's do) and `top_logprobs` (a list of `{"token", "logprob", "bytes"}`).
+        the bytes it adds, so that consecutive tokens' bytes rebuild the text, as OpenAI's do) and
+        `top_logprobs` (a list of `{"token", "logprob", "bytes"}`).
 
     Raises:
         ValueError: the output lacks `scores` (pass `output_scores=True`) or `logits` (pass

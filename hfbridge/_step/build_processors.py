@@ -121,8 +121,10 @@ def make_generation_config(
     check_flag("do_sample", do_sample)
     if do_sample is None and any(community.get(name) is not None for name in community_options.warper_options()):
         do_sample = True  # as a sampling option of HF's would
-    if options.get("top_k") is None and (generation_config is None or generation_config.top_k is None) and any(
-            off(community.get(name, getattr(generation_config, name, None))) for name, off in _NO_DEFAULT_TOP_K.items()):
+    top_k_passed = options.get("top_k") is not None or (generation_config is not None
+                                                       and generation_config.top_k is not None)
+    if not top_k_passed and any(off(community.get(name, getattr(generation_config, name, None)))
+                                for name, off in _NO_DEFAULT_TOP_K.items()):
         options["top_k"] = 0  # HF's default top_k=50 is off for mirostat and top-nσ (docs/samplers.md)
     greedy_by_temperature = options.get("temperature") == 0 or (
         options.get("temperature") is None and generation_config is not None and generation_config.temperature == 0)

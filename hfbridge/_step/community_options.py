@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from hfbridge._step.option_table import OptionRow, check_option_values, community_rows
+from hfbridge._step.option_table import ROWS, OptionRow, check_option_values, community_rows
 
 __all__ = ["OPTIONS", "add_processors", "carry_options", "check_community", "split_options", "warper_options"]
 
@@ -152,9 +152,9 @@ def _penalty_arguments(config: GenerationConfig, v: Mapping[str, Any], arguments
 
 _BEFORE_PENALTIES = ("UnbatchedClassifierFreeGuidanceLogitsProcessor", "SequenceBiasLogitsProcessor",
                      "EncoderRepetitionPenaltyLogitsProcessor", "RepetitionPenaltyLogitsProcessor")
-_TRUNCATION = ("TopHLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-               "EpsilonLogitsWarper", "EtaLogitsWarper")
-_WARPERS = ("TemperatureLogitsWarper", *_TRUNCATION)
+# HF's warpers, from the registry's HF rows: the temperature, then the truncation warpers (top-k, top-p, ...).
+_WARPERS = tuple(row.processor for row in ROWS.values() if row.sampling and not row.community)
+_TRUNCATION = tuple(name for name in _WARPERS if name != "TemperatureLogitsWarper")
 _TAIL = ("WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor", "LogitNormalization")
 
 

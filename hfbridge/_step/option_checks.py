@@ -20,6 +20,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hfbridge._step.option_table import ROWS
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
 
@@ -31,14 +32,17 @@ _FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_di
           "output_logits", "output_attentions", "output_hidden_states", "use_cache")
 
 # Options read as counts: an int (not a bool) >= the minimum; None leaves the range to HF's own check.
-_COUNTS = {"top_k": None, "no_repeat_ngram_size": None, "min_length": 0, "min_new_tokens": 0, "max_length": 1,
+_COUNTS = {"min_length": 0, "min_new_tokens": 0, "max_length": 1,
            "max_new_tokens": 1, "num_return_sequences": 1, "num_beams": 1, "num_beam_groups": 1}
 
 # Options read as numbers: finite reals (not bools); the ranges are HF's (checked in `_processors`)
-# except where HF has none.
-_NUMBERS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
-            "repetition_penalty", "guidance_scale", "max_time")
+# except where HF has none. The sampling options (`temperature`, `top_k`, ...) are the registry's rows
+# (`option_table.ROWS`), checked there.
+_NUMBERS = ("guidance_scale", "max_time")
 _POSITIVE = ("max_time",)  # HF stops at once for max_time <= 0 without a word
+
+# The registry's HF rows (`temperature`, `top_k`, `repetition_penalty`, ...): checked by their row.
+HF_ROWS = tuple(name for name, row in ROWS.items() if not row.community)
 
 # Options holding token ids, and their shape: one id, one id or a non-empty list, a list of ids.
 _ONE_ID = ("pad_token_id", "bos_token_id", "forced_bos_token_id")
@@ -51,7 +55,7 @@ _ID_LISTS = ("suppress_tokens", "begin_suppress_tokens")
 TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "sequence_bias", "dry_sequence_breakers")
 
 # Every option `check_options` knows (a prepared config is checked on these names).
-CHECKED_OPTIONS = (*_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
+CHECKED_OPTIONS = (*HF_ROWS, *_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
                    "sequence_bias", "exponential_decay_length_penalty", "stop_strings", "watermarking_config")
 
 
@@ -72,7 +76,9 @@ def check_options(options: Mapping[str, Any]) -> None:
     for name, value in options.items():
         if value is None:
             continue
-        if name in _FLAGS:
+        if name in ROWS:
+            ROWS[name].check_value(value)
+        elif name in _FLAGS:
             check_flag(name, value)
         elif name in _COUNTS:
             check_count(name, value, _COUNTS[name])

@@ -27,7 +27,7 @@ ValueError: `top_n_sigma` must be > 0.0, got -1.0.
 Traceback (most recent call last):
 ...
 ValueError: `mirostat` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got 3 (in `generation_config`).
-"""  # noqa: E501 (the doctest's output line)
+"""
 
 from __future__ import annotations
 
@@ -112,10 +112,11 @@ class OptionRow:
         if self.check is not None:
             self.check(self.name, value)
             return
-        if not self.per_row and (isinstance(plain(value), (list, tuple)) or getattr(value, "ndim", 0)):
+        if not self.per_row and (isinstance(plain(value), (list, tuple)) or bool(getattr(value, "ndim", 0))):
             raise TypeError(f"`{self.name}` must be {'an int' if self.integer else 'a number'} (one for every row), "
                             f"got {described(value)}.")
-        RowParam(self.name, value, integer=self.integer, **self.bounds)
+        RowParam(self.name, value, integer=self.integer, minimum=self.bounds.get("minimum"),
+                 maximum=self.bounds.get("maximum"), above=self.bounds.get("above"))
 
     def active(self, value: Any) -> bool:
         """Whether `value` (a scalar or one per row) builds the processor."""
@@ -300,11 +301,7 @@ def check_option_values(options: Mapping[str, Any], *, where: str = "") -> None:
         for name, value in options.items():
             if value is None:
                 continue
-            row = ROWS.get(name)
-            if row is not None:
-                row.check_value(value)
-            else:
-                check_options({name: plain(value)})
+            check_options({name: plain(value)})  # a registry row's own check, or HF's other options' checks
     except (TypeError, ValueError) as error:
         if not where:
             raise

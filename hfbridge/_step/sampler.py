@@ -21,12 +21,12 @@ from hfbridge._step.guidance import checked_unconditional
 from hfbridge._step.inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
+from hfbridge._step.option_table import sampling_processors
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
 from hfbridge._step.processor_list import CheckedProcessorList, check_processor_output, processor_name
 from hfbridge._step.routes import greedy_choice
 from hfbridge._step.row_errors import invalid_rows_error
-from hfbridge._step.option_table import sampling_processors
 from hfbridge._step.sampler_inputs import StepInputs
 from hfbridge.processors._stateful import is_stateful
 
@@ -275,7 +275,8 @@ class Sampler(StepInputs):
         if head_output is not None:
             scores, lent = head_output, False
         elif start:
-            scores, lent = CheckedProcessorList(processors[:start])(input_ids, self._float_copy(rows)), False  # [N, V]
+            head = CheckedProcessorList(processors[:start])
+            scores, lent = head(cast(torch.LongTensor, input_ids), self._float_copy(rows)), False  # [N, V]
         else:
             scores = rows
         units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, start)
@@ -483,7 +484,8 @@ class Sampler(StepInputs):
             head = outputs[start - 1][1].clone() if start else None
             result = self._fast_rows(input_ids, rows, processors, False, head_output=head, replays=replays)
         else:
-            replayed = LogitsProcessorList(p if _from_transformers(p) else _Replay(output, None) for p, output in outputs)
+            replayed = LogitsProcessorList(p if _from_transformers(p) else _Replay(output, None)
+                                           for p, output in outputs)
             result = fast_draw(input_ids, self._float_copy(rows), replayed, self._one_generator)
         known = result.known_valid
         self._fast_valid = known if known is not None else result.valid

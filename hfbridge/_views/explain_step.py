@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from hfbridge._step.guidance import step_guidance
 from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._step.processor_repr import processor_name as _processor_name
