@@ -19,8 +19,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step import community_options
 from hfbridge._step.guidance import last_position, refuse_without_unconditional, with_unconditional
-from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, did_you_mean
-from hfbridge._step.option_table import ROWS, check_option_values, hf_sampling_options, plain_options
+from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_option_values, did_you_mean
+from hfbridge._step.option_table import ROWS, hf_sampling_options, plain_options
 from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.watermark import deferred

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from hfbridge._step.option_table import ROWS, OptionRow, check_option_values, community_rows
+from hfbridge._step.option_checks import check_option_values
+from hfbridge._step.option_table import ROWS, OptionRow, community_rows
 
 __all__ = ["OPTIONS", "add_processors", "carry_options", "check_community", "split_options", "warper_options"]
 

@@ -7,11 +7,19 @@ goes (`top_k=True` is 1 to Python, a crash to torch), NaN (`top_p=nan` compares 
 everything, so HF's range checks pass it), empty or ill-typed token-id lists (`eos_token_id=[]`).
 Each error names the option, what came and what was expected.
 
+`check_option_values` is the one check of a dict of options from any source (keywords, a passed
+`GenerationConfig`, a model's own `generation_config`): the registry's rows (`option_table.ROWS`: the
+sampling options, HF's and the community samplers') by their row, the others here.
+
 >>> check_options({"top_k": 40, "do_sample": True})
 >>> check_options({"do_sample": "False"})
 Traceback (most recent call last):
 ...
 TypeError: `do_sample` must be a bool (True or False), got str 'False'.
+>>> check_option_values({"mirostat": 3}, where="in `generation_config`")
+Traceback (most recent call last):
+...
+ValueError: `mirostat` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got 3 (in `generation_config`).
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ from typing import Any
 from hfbridge._step.option_table import ROWS
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
+from hfbridge.processors._rows import plain
 
-__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_number", "check_options",
+__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_number", "check_option_values", "check_options",
            "check_token_ids_in_vocab", "did_you_mean", "got", "is_int", "token_id_options"]
 
 # Options read as flags: a bool or None.
@@ -102,6 +111,24 @@ def check_options(options: Mapping[str, Any]) -> None:
             STRATEGY_OPTIONS[name](name, value)
         elif name == "watermarking_config":
             check_watermarking_config(value)
+
+
+def check_option_values(options: Mapping[str, Any], *, where: str = "") -> None:
+    """Check every option in `options` (None = not set), from any source; errors name the public option.
+
+    The registry's rows (`option_table.ROWS`) are checked (one value, or one per row for a per-row option); every other
+    option goes to `option_checks.check_options` (flags, counts, token ids, ...). `where` is added to
+    the message, e.g. "in `generation_config`".
+    """
+    try:
+        for name, value in options.items():
+            if value is None:
+                continue
+            check_options({name: plain(value)})  # a registry row's own check, or HF's other options' checks
+    except (TypeError, ValueError) as error:
+        if not where:
+            raise
+        raise type(error)(f"{str(error).rstrip('.')} ({where}).") from None
 
 
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:

@@ -12,21 +12,17 @@ extra attribute HF keeps). Every other table is derived from `ROWS`:
 - `sampling_processors()`: the classes a greedy row never runs;
 - `community_rows()`: the rows of `hfbridge.processors`' samplers (built by `community_options`).
 
-`check_option_values` checks a dict of option values from any source (keywords, a passed
-`GenerationConfig`, a model's own `generation_config`): every error names the public option.
+`option_checks.check_option_values` checks a dict of option values from any source (keywords, a passed
+`GenerationConfig`, a model's own `generation_config`) with these rows: every error names the public option.
 A new sampler is one `LogitsProcessor` class in `hfbridge.processors` plus its rows here
 (`register`).
 
 >>> [name for name in per_row_options()][:3]
 ['temperature', 'top_k', 'top_p']
->>> check_option_values({"top_n_sigma": -1.0})
+>>> ROWS["top_n_sigma"].check_value(-1.0)
 Traceback (most recent call last):
 ...
 ValueError: `top_n_sigma` must be > 0.0, got -1.0.
->>> check_option_values({"mirostat": 3}, where="in `generation_config`")
-Traceback (most recent call last):
-...
-ValueError: `mirostat` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got 3 (in `generation_config`).
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ from hfbridge.processors._dry_breakers import compile_breakers
 from hfbridge.processors._rows import RowParam, described, plain
 from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
 
-__all__ = ["PLACES", "ROWS", "OptionRow", "check_option_values", "community_rows", "per_row_options",
+__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "per_row_options",
            "plain_options", "register", "sampling_options", "sampling_processors", "unregister"]
 
 # Where a processor goes in HF's chain (`community_options.add_processors` places them):
@@ -286,23 +282,3 @@ def plain_options(options: Mapping[str, Any]) -> dict[str, Any]:
     {'temperature': 0.5, 'top_k': [1, 2]}
     """
     return {name: plain(value) for name, value in options.items()}
-
-
-def check_option_values(options: Mapping[str, Any], *, where: str = "") -> None:
-    """Check every option in `options` (None = not set), from any source; errors name the public option.
-
-    The rows of `ROWS` are checked here (one value, or one per row for a per-row option); every other
-    option goes to `option_checks.check_options` (flags, counts, token ids, ...). `where` is added to
-    the message, e.g. "in `generation_config`".
-    """
-    from hfbridge._step.option_checks import check_options
-
-    try:
-        for name, value in options.items():
-            if value is None:
-                continue
-            check_options({name: plain(value)})  # a registry row's own check, or HF's other options' checks
-    except (TypeError, ValueError) as error:
-        if not where:
-            raise
-        raise type(error)(f"{str(error).rstrip('.')} ({where}).") from None
