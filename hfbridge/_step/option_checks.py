@@ -266,7 +266,7 @@ def _check_stop_strings(value: Any) -> None:
             raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {got(item)}.")
 
 
-# ---- the options of beam search and assisted / prompt-lookup decoding (issue 17) ----
+# ---- the options of beam search and assisted / prompt-lookup decoding ----
 # HF's loops read these without checking them: `length_penalty="2"` failed after the first model call,
 # `nan` gave meaningless beams, `num_assistant_tokens=inf` an OverflowError inside the draft loop.
 
