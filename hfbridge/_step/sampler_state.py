@@ -110,6 +110,7 @@ class SamplerState:
             raised: exact sampling's `torch.multinomial` reads its input), with `explain()` to raise
             exact mode's error for them.
 
+        >>> from hfbridge._step.sampler import Sampler
         >>> result = Sampler(top_k=1, do_sample=True).step(None, torch.tensor([[0.0, 3.0, 1.0]]))
         >>> result.tokens.tolist(), result.invalid
         ([1], None)
@@ -176,6 +177,7 @@ class SamplerState:
         generator lists included (the fast path hands back the recorded outputs of processors not from
         transformers instead of running them again). `explain_step` is this, shown.
 
+        >>> from hfbridge._step.sampler import Sampler
         >>> trace, tokens = Sampler(top_k=1, do_sample=True).explain(None, torch.tensor([[0.0, 3.0, 1.0]]))
         >>> [type(p).__name__ for p, _ in trace], tokens.tolist()
         (['TopKLogitsWarper'], [1])
