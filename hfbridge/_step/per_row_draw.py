@@ -24,7 +24,7 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge._step.per_row import PerRowValues, RowPlan
+from hfbridge._step.per_row import PerRowProcessor, PerRowValues, RowPlan
 from hfbridge._step.routes import greedy_choice
 from hfbridge.processors._stateful import is_stateful
 
@@ -173,7 +173,7 @@ class RowState:
         self._memos: dict[int, dict[str, Any]] = {}
         self._samples: torch.Tensor | None = None
         self._fast: tuple[tuple[torch.device, int], list] | None = None  # the plan's fast groups, for one device
-        self.copies: dict[tuple, tuple[Any, int]] = {}  # (row, place, original) -> (a row's own copy, the row)
+        self.copies: dict[tuple, tuple[Any, int]] = {}  # (row, id of the original) -> (the row's own copy, the row)
 
     def check(self, rows: int, generator: Generators) -> None:
         """One value (and one generator) per row: `ValueError` unless the step has that many rows."""
@@ -210,18 +210,46 @@ class RowState:
         return units
 
     def _own(self, row: int, tail: list, start: int) -> LogitsProcessorList:
-        """`tail` with a copy, for `row` alone, of each processor that keeps state per row (made once)."""
+        """`tail` with `row`'s own copy of each processor that keeps state per row (`per_row_copies`)."""
+        del start
         own = []
-        for place, processor in enumerate(tail):
-            if is_stateful(processor):
-                key = (row, start + place, id(processor))
-                if key not in self.copies:
-                    copied = copy.deepcopy(processor)
-                    copied.reset()
-                    self.copies[key] = (copied, row)
-                processor = self.copies[key][0]
+        for processor in tail:
+            by_row = getattr(processor, "by_row", None)
+            if by_row is not None:  # the chain's per-row copies: this row's
+                processor = by_row[row]
+            elif is_stateful(processor):
+                processor = self._copy(row, processor)
             own.append(processor)
         return LogitsProcessorList(own)
+
+    def _copy(self, row: int, processor: Any) -> Any:
+        key = (row, id(processor))
+        if key not in self.copies:
+            copied = copy.deepcopy(processor)
+            copied.reset()
+            self.copies[key] = (copied, row)
+        return self.copies[key][0]
+
+    def per_row_copies(self, processors: list, rows: int) -> list:
+        """`processors` with each processor that keeps state per row (alone, or a group's part) replaced by
+        one copy per row, run on that row alone: with a generator per row the fast path draws each row
+        alone, and the chain (exact mode, `explain`) then steps the very same copies."""
+        result = []
+        for processor in processors:
+            parts = getattr(processor, "parts", None)
+            if is_stateful(processor):
+                owners = [(processor, list(range(rows)))]
+            elif parts is not None and any(part is not None and is_stateful(part) for part, _ in parts):
+                owners = [(part, index.tolist()) for part, index in parts if part is not None]
+            else:
+                result.append(processor)
+                continue
+            by_row = {row: self._copy(row, owner) for owner, owned in owners for row in owned}
+            name = type(owners[0][0]).__name__
+            split = PerRowProcessor(name, [(by_row[row], torch.tensor([row])) for row in sorted(by_row)], rows)
+            split.by_row = by_row  # type: ignore[attr-defined]
+            result.append(split)
+        return result
 
     def samples_on(self, device: torch.device) -> torch.Tensor | None:
         """`(rows,)` bool, True where a row samples; None when every row does."""

@@ -185,6 +185,8 @@ class Sampler(SamplerState, StepInputs):
         processors = build(self.generation_config)
         if self._plan is not None:  # HF's list per group of rows, merged (`_per_row.RowPlan.build`)
             processors = CheckedProcessorList(self._plan.build(processors, build, device))
+        if self.fast and isinstance(self.generator, (list, tuple)):  # each row drawn alone: its own state too
+            processors = CheckedProcessorList(self._rows.per_row_copies(list(processors), len(self.generator)))
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         # the fast path per group: the places before the first warper run once on the whole batch
         self._head_length = first_warper(processors)
@@ -264,8 +266,8 @@ class Sampler(SamplerState, StepInputs):
             scores = rows
         units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, start)
         if replays:
-            for (_, _, original), (copied, _) in self._rows.copies.items():
-                if original in replays:
+            for (_, original), (copied, _) in self._rows.copies.items():
+                if original in replays and id(copied) not in replays:
                     replays[id(copied)] = replays[original]
             units = [(index, row_list, LogitsProcessorList(replayed(own, replays, index, start, processors)),
                       samples, generator, memo) for index, row_list, own, samples, generator, memo in units]

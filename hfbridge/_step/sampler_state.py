@@ -143,7 +143,10 @@ class SamplerState:
                     found.append((part, index))
         for copied, row in self._rows.copies.values():
             found.append((copied, torch.tensor([row])))
-        return found
+        unique: dict[int, tuple[Any, torch.Tensor | None]] = {}
+        for processor, index in found:  # a row's copy sits in the chain and in the copies: once
+            unique.setdefault(id(processor), (processor, index))
+        return list(unique.values())
 
     @property
     def is_stateful(self) -> bool:

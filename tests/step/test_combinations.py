@@ -258,3 +258,18 @@ def test_a_row_of_per_row_values_is_hfs_processors_for_that_row(row_options):
         assert processed[1].argmax() == expected[0]
     else:
         assert torch.equal(processed[1:2], expected)
+
+
+def test_sampler_explain_steps_the_same_state_as_the_fast_step_with_generator_lists():
+    """`Sampler.explain` at some steps of a loop: the per-row state goes on as if every step were `next_tokens`."""
+    rows = 3
+    options = dict(mirostat=2, mirostat_tau=1.5, mirostat_eta=1.0, fast=True, top_k=[5, 10, 20])
+    stepped = Sampler(generator=[G(40 + r) for r in range(rows)], **options)
+    explained = Sampler(generator=[G(40 + r) for r in range(rows)], **options)
+    ids = ids_of(rows)
+    for step in range(5):
+        x = logits(rows, seed=step)
+        tokens = stepped.next_tokens(ids, x)
+        other = explained.explain(ids, x)[1] if step % 2 else explained.next_tokens(ids, x)
+        assert torch.equal(tokens, other), step
+        ids = torch.cat([ids, tokens[:, None]], dim=1)
