@@ -273,3 +273,11 @@ def test_sampler_explain_steps_the_same_state_as_the_fast_step_with_generator_li
         other = explained.explain(ids, x)[1] if step % 2 else explained.next_tokens(ids, x)
         assert torch.equal(tokens, other), step
         ids = torch.cat([ids, tokens[:, None]], dim=1)
+
+
+def test_per_row_values_in_a_generation_config_form_the_same_groups():
+    x, ids = logits(2), ids_of(2)
+    config = GenerationConfig(do_sample=True, top_n_sigma=[1.0, 2.0])
+    got = sample_step(x, ids, generation_config=config, fast=True, generator=[G(1), G(2)])
+    assert got.tolist() == [int(sample_step(x[r:r + 1], ids[r:r + 1], do_sample=True, top_n_sigma=[1.0, 2.0][r],
+                                            fast=True, generator=G(1 + r))) for r in range(2)]
