@@ -80,8 +80,8 @@ def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfi
     >>> resolve_do_sample(None, None, {"top_p": 0.9}), resolve_do_sample(None, None, {})
     (True, False)
     """
-    if options.get("temperature") == 0 or (options.get("temperature") is None and generation_config is not None
-                                            and getattr(generation_config, "temperature", None) == 0):
+    if _zero(options.get("temperature")) or (options.get("temperature") is None and generation_config is not None
+                                             and _zero(getattr(generation_config, "temperature", None))):
         return False
     if do_sample is not None:
         return bool(do_sample)
@@ -90,6 +90,11 @@ def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfi
     if generation_config is not None and generation_config.do_sample is not None:
         return bool(generation_config.do_sample)
     return False
+
+
+def _zero(value: Any) -> bool:
+    """A temperature of 0 (a number: `False` is refused by the option's check, not read as 0)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
 def make_generation_config(
@@ -126,8 +131,8 @@ def make_generation_config(
     if not top_k_passed and any(off(community.get(name, getattr(generation_config, name, None)))
                                 for name, off in _NO_DEFAULT_TOP_K.items()):
         options["top_k"] = 0  # HF's default top_k=50 is off for mirostat and top-nσ (docs/samplers.md)
-    greedy_by_temperature = options.get("temperature") == 0 or (
-        options.get("temperature") is None and generation_config is not None and generation_config.temperature == 0)
+    greedy_by_temperature = _zero(options.get("temperature")) or (
+        options.get("temperature") is None and generation_config is not None and _zero(generation_config.temperature))
     if greedy_by_temperature:  # temperature 0 is greedy: HF's warpers never see it
         do_sample = False
         options = {name: value for name, value in options.items() if name != "temperature"}

@@ -142,6 +142,8 @@ def test_sample_step_with_mirostat_keeps_nothing_between_calls():
     (dict(xtc_probability=[0.5, 2.0, 0.5]), "`xtc_probability[1]` (row 1) must be <= 1.0, got 2.0."),
     (dict(top_k=[1, 2.5, 3]), "`top_k[1]` (row 1) must be an int, got float 2.5."),
     (dict(mirostat=[2, 2, 2]), "`mirostat` must be an int (0 = off, 2 = mirostat 2.0), got list [2, 2, 2]."),
+    (dict(temperature=False), "`temperature` must be a number, got bool False."),  # not read as 0 (greedy)
+    (dict(temperature=np.array([[0.5, 1.0, 1.0]])), "`temperature[0]` (row 0) must be a number, got list [0.5, 1.0, 1.0]."),
 ])
 def test_per_row_values_have_one_parser_and_one_message_style(options, message):
     with pytest.raises((TypeError, ValueError)) as error:
