@@ -19,7 +19,7 @@ from hfbridge._step.build_processors import make_generation_config, processors_f
 from hfbridge._step.guidance import checked_unconditional
 from hfbridge._step.inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
-from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
+from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
 from hfbridge._step.option_table import per_row_options
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
@@ -96,6 +96,7 @@ class Sampler(SamplerState, StepInputs):
         for name in per_row_options():  # one value per row in a passed config rides the same per-row groups
             value = getattr(generation_config, name, None) if generation_config is not None else None
             if name not in generation_kwargs and (isinstance(value, (list, tuple)) or bool(getattr(value, "ndim", 0))):
+                check_option_values({name: value}, where="in `generation_config`")
                 generation_kwargs[name] = value
         generation_kwargs, per_row = split_per_row(generation_kwargs)  # one value per row: `_per_row.py`
         config = make_generation_config(
