@@ -1,15 +1,17 @@
-"""One value per row: HF's numeric options given as a list, a tuple or a 1-D tensor of length B.
+"""One value per row: the registry's per-row options (HF's numeric options and the community samplers')
+given as a list, a tuple, a 1-D tensor or a NumPy array of length B.
 
-Each row's scores are, bit for bit, those of HF's own processors built with that row's scalar
-values and applied to that row alone. How:
+Each row's scores are, bit for bit, those of the processors (HF's, and `hfbridge.processors`') built
+with that row's scalar values and applied to that row alone. How:
 
 1. `split_per_row` takes the per-row options out of the keyword arguments (checking each value,
    naming the option and the row) and leaves a representative value in their place, one that
    makes HF build the option's processor, so that HF's own list (`template`) holds every class
    some row needs, in HF's order.
 2. `PerRowValues.plan` groups the rows by their combination of values (a temperature of 0 makes a
-   row greedy: HF's list without its sampling warpers, then the argmax) and builds HF's list for
-   each group's scalars (`RowPlan.build`).
+   row greedy: the list without any sampling warper, HF's or ours, then the argmax) and builds the
+   list for each group's scalars (`RowPlan.build`); a processor that keeps state per row (mirostat)
+   is its own instance in each group.
 3. Where a group's list differs from the template (the per-row options' classes, and the sampling
    warpers a greedy row lacks), the template's processor is replaced by a `PerRowProcessor`,
    which runs each group's own HF instance on that group's rows (or leaves them as they are when
