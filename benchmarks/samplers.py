@@ -9,7 +9,8 @@ thread's CPU time), every sampler and the floor (`logits.amax(-1)`) run round-ro
 realistic logits (log-probability ~ -1.1 log(rank), permuted per row) and history; each number is
 the median over the rounds. A sampler's added cost is its own call; dynamic temperature replaces
 HF's `TemperatureLogitsWarper`, so its added cost is the difference. Target: each <= 8.
-Mirostat is timed on its update path (the call after a step, reading the token chosen).
+The stateful ones (mirostat 1 and 2, adaptive-p, the thinking budget) are timed on their update path
+(the call after a step, reading the token chosen).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from transformers import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from hfbridge.processors import (
+    AdaptivePLogitsWarper,
     DRYLogitsProcessor,
     DynamicTemperatureLogitsWarper,
     MirostatLogitsWarper,
+    MirostatV1LogitsWarper,
     PresenceFrequencyPenaltyLogitsProcessor,
     SmoothingLogitsWarper,
+    ThinkingBudgetLogitsProcessor,
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
 )
@@ -80,6 +84,9 @@ def samplers(prompt: int) -> dict[str, tuple]:
         "smoothing (factor 0.3, curve 1)": (lambda: SmoothingLogitsWarper(0.3), None),
         "smoothing (factor 0.3, curve 2)": (lambda: SmoothingLogitsWarper(0.3, 2.0), None),
         "mirostat 2 (tau 5, eta 0.1)": (lambda: MirostatLogitsWarper(5.0, 0.1), None),
+        "mirostat 1 (tau 5, eta 0.1, m 100)": (lambda: MirostatV1LogitsWarper(5.0, 0.1, 100), None),
+        "adaptive-p (target 0.3, decay 0.9)": (lambda: AdaptivePLogitsWarper(0.3, 0.9), None),
+        "thinking budget (counting)": (lambda: ThinkingBudgetLogitsProcessor(10**6, [0], [1], prompt_length=0), None),
     }
 
 
@@ -118,7 +125,7 @@ def main() -> None:
     for _ in range(repeats):
         times["amax"].append(timed(lambda: scores.amax(-1)))
         for name, (processor, baseline) in built.items():
-            if isinstance(processor, MirostatLogitsWarper):
+            if hasattr(processor, "reset"):  # stateful
                 processor.reset()
                 processor(ids[:, :-1], scores)  # the step before: the timed call updates mu from ids[:, -1]
             cost = timed(lambda: processor(ids, scores))

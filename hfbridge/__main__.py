@@ -230,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     doctor.add_argument("--threads", type=_positive, default=1, help="torch CPU threads (default: %(default)s)")
+    doctor.add_argument("--all-architectures", action="store_true",
+                        help="instead, build every causal LM class of the installed transformers tiny and compare "
+                             "hfbridge.generate(model) with model.generate: greedy, sampling, beams (minutes)")
     return parser
 
 
@@ -240,6 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         return run_demo(args)
     if args.command == "doctor":
+        if args.all_architectures:
+            from hfbridge.demo.architectures import run_all_architectures
+
+            torch.set_num_threads(args.threads)
+            return run_all_architectures()
         from hfbridge.demo.doctor import run_doctor
 
         return run_doctor(threads=args.threads)

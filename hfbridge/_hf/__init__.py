@@ -25,6 +25,8 @@ assisted loops, candidate generators), `outputs` (HF's output classes), `caches`
 | `GenerationConfig._eos_token_tensor`, `_pad_token_tensor` | `host.special_token` | all | read, never written | parity tests |
 | host attributes HF's loops read: `config` (`vocab_size`, `is_encoder_decoder`), `generation_config`, `device`, `_is_stateful`, `_optimize_model_for_decode` (5.24), `_valid_auto_compile_criteria` (5.x) | `host.ProcessorHost`, `host.fresh_config` | as listed | a private config per host; no-op decode context; never compiled | parity tests on every line (docs/versions.md) |
 | `Cache`, `DynamicCache` (public classes), `Cache.reorder_cache`, `get_seq_length`, `activate_past_recording` (5.x) | `caches` | all | the assisted hosts' cache is a `DynamicCache` (4.x checks `isinstance`) | `assisted-crop` |
+| `prepare_inputs_for_generation`'s call protocol (`cache_position` 4.x; `next_sequence_length`, `is_first_iteration` 5.x), `_update_model_kwargs_for_generation`, `_prepare_cache_for_generation`, `_reorder_cache`, `_is_stateful` | `model_inputs` | all; read from `GenerationMixin`'s signature | passed as the installed `generate` passes them | run time: `model-inputs` (no whole sequence again on top of a cache) |
+| `Cache.is_croppable`, `is_linear`, layers' `record_past`, `is_sliding` (5.x) | `caches.is_croppable`, `caches.forgets_past`, `model_inputs` | 5.x (absent in 4.x: every cache can be cropped) | read where they exist | `CacheTypeError` naming the hook |
 | `transformers.integrations.deepspeed.is_deepspeed_zero3_enabled`, `integrations.fsdp.is_fsdp_managed_module` | `integrations.is_sharded` | all | HF's own test for `synced_gpus` | `tests/test_loop.py` |
 
 >>> from hfbridge._hf.host import ProcessorHost

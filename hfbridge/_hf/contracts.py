@@ -30,8 +30,8 @@ from typing import Any
 
 from hfbridge._hf import names
 
-__all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check_cropped", "check_fields",
-           "check_handed_back", "check_parameters", "check_reordered"]
+__all__ = ["CONTRACTS", "TransformersContractError", "check_crop_amount", "check_cropped", "check_fed",
+           "check_fields", "check_handed_back", "check_parameters", "check_reordered", "check_slicing_names"]
 
 CONTRACTS = {
     "beam-first-call": "HF's beam loop calls the model on the whole prompt first",
@@ -43,6 +43,8 @@ CONTRACTS = {
                    "`assistant_model.generate({cache}=...)`",
     "output-fields": "HF's output classes have the fields hfbridge fills",
     "loop-signature": "HF's loops take the arguments hfbridge passes",
+    "model-inputs": "a model's `prepare_inputs_for_generation` feeds only the positions its cache has not seen, "
+                    "given the arguments HF's `generate` passes it",
 }
 
 
@@ -95,6 +97,38 @@ def check_cropped(*, role: str, kept: int, seen: Any, input_ids: Any, output_nam
             f"sequence it is called with next ({input_ids.shape[1]} ids) differs from them: the assisted loop did "
             "not crop the rejected draft tokens from it",
         )
+
+
+def check_fed(model: Any, prepared: Any, *, total: int, held: int | None, decides: bool) -> None:
+    """After the prefill: the inputs `prepare_inputs_for_generation` made must not be the whole sequence again.
+
+    `total` positions make the sequence; the model's cache holds `held` of them (None: a recurrent
+    state, whose length cannot be read). Inputs of all `total` positions on top of a cache that holds
+    any would count them twice: wrong logits, no error. Exempt: a cache that holds nothing (a model that
+    keeps none), and a model whose own override `decides` the slicing (it names the argument and asks for
+    the whole sequence, as CPM-Ant's forward slices the cached prefix itself). A look at a shape, no device read.
+    """
+    ids = prepared.get("input_ids") if isinstance(prepared, dict) else None
+    if ids is None and isinstance(prepared, dict):
+        ids = prepared.get("inputs_embeds")
+    if ids is None or ids.ndim < 2 or ids.shape[1] < total or held == 0 or decides:
+        return
+    raise TransformersContractError(
+        "model-inputs",
+        f"{type(model).__name__}.prepare_inputs_for_generation, called as transformers' generate calls it after the "
+        f"prefill, prepared all {total} positions again while the model's cache holds "
+        f"{'a recurrent state' if held is None else f'{held} positions'}; the model would see the sequence twice",
+    )
+
+
+def check_slicing_names(passes: Iterable[str]) -> None:
+    """The installed `prepare_inputs_for_generation` must take what `generate` slices the new tokens by."""
+    raise TransformersContractError(
+        "model-inputs",
+        "GenerationMixin.prepare_inputs_for_generation takes neither `next_sequence_length` (5.x) nor "
+        f"`cache_position` (4.x) (of those, it takes {sorted(passes) or 'none'}); hfbridge cannot tell it which "
+        "tokens are new, and a model passed directly would be fed the whole sequence on top of its cache",
+    )
 
 
 def check_crop_amount(amount: int) -> None:

@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from hfbridge._hf.caches import forgets_past
+from hfbridge._models.cache import CacheTypeError, not_growing
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
 from hfbridge._models.callables import (
@@ -46,6 +48,7 @@ from hfbridge._models.callables import (
 # Keys the built-in adapters keep in the state for themselves.
 _FED = "_fed"  # how many tokens of the sequence the model has already seen (its cache length)
 _CACHE = "_cache"  # the cache a `ReturnsCache` model returned last
+_STILL = "_still"  # a cache tensor whose sequence axis did not grow at the last call (`not_growing`)
 
 
 class ModelAdapter:
@@ -286,7 +289,10 @@ class ReturnsCache(ModelAdapter):
     token, `(batch, 1)`, with the cache the previous call returned (any object: a tuple of tensors,
     an HF `DynamicCache`, ...). The cache is passed as the second positional argument. When the
     model's signature names an `attention_mask` parameter it also receives the `(batch, seq)` mask
-    of the whole sequence so far (including the new token), as HF models expect.
+    of the whole sequence so far (including the new token), as HF models expect. The signature is
+    read through `functools.wraps` (`__wrapped__`, `__signature__`); a step whose signature cannot
+    tell (only `*args` / `**kwargs`) gets a left-padded batch refused unless `attention_mask=True`
+    or `False` says whether it takes the mask.
 
     Beam search reorders the cache's batch rows after every step: HF `Cache` objects and nests of
     tuples / lists / dicts of batch-first tensors automatically, any other cache through
@@ -300,6 +306,8 @@ class ReturnsCache(ModelAdapter):
             whose row `i` is row `beam_idx[i]` of `cache`. Default: `hfbridge`'s automatic one.
         crop_cache: `crop_cache(cache, length) -> cache`: the cache holding only its first
             `length` positions. Default: `hfbridge`'s automatic one (`hfbridge._models.cache.crop_cache`).
+        attention_mask: Whether the step takes `attention_mask=`. Default: None, read from its
+            signature (a step that names it takes it; one without `**kwargs` does not).
 
     >>> import torch
     >>> from hfbridge import ReturnsCache, generate
@@ -315,11 +323,25 @@ class ReturnsCache(ModelAdapter):
 
     def __init__(self, model: Callable[..., Any], *,
                  reorder_cache: Callable[[Any, torch.Tensor], Any] | None = None,
-                 crop_cache: Callable[[Any, int], Any] | None = None):
+                 crop_cache: Callable[[Any, int], Any] | None = None, attention_mask: bool | None = None):
         super().__init__(model)
-        self.takes_mask = accepts(self.signature, "attention_mask", explicitly=True)
+        if attention_mask is not None and not isinstance(attention_mask, bool):
+            raise TypeError(f"`attention_mask` must be True, False or None, got {type(attention_mask).__name__}.")
+        named = accepts(self.signature, "attention_mask", explicitly=True)
+        # a catch-all signature (a decorator without functools.wraps) cannot say whether the step uses the mask
+        self.mask_unknown = attention_mask is None and not named and accepts(self.signature, "attention_mask")
+        self.takes_mask = named if attention_mask is None else attention_mask
         self.reorder_hook = checked_hook(reorder_cache, "reorder_cache", "reorder_cache(cache, beam_idx) -> cache")
         self.crop_hook = checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
+
+    def check_crop(self, state: dict[str, Any]) -> None:
+        if self.crop_hook is None and forgets_past(state.get(_CACHE)):
+            raise CacheTypeError(
+                f"the model's cache ({type(state[_CACHE]).__name__}) has sliding-window layers that drop the positions "
+                "a rollback of rejected draft tokens needs; call cache.activate_past_recording() on the cache your "
+                "step creates, before its first forward (as HF's assisted loop does), or pass "
+                "ReturnsCache(model, crop_cache=...)."
+            )
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
         if self.reorder_hook is None:
@@ -331,6 +353,13 @@ class ReturnsCache(ModelAdapter):
 
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
+        if self.mask_unknown and bool((attention_mask == 0).any()):
+            raise ValueError(
+                f"the batch is left-padded, but the ReturnsCache step's signature ({parameter_list(self.signature)}) "
+                "does not say whether it takes `attention_mask` (a decorator without functools.wraps?); pass "
+                "ReturnsCache(model, attention_mask=True) to give it the mask, or attention_mask=False if it ignores "
+                "padding."
+            )
         state = super().start(input_ids, attention_mask, model_inputs)
         state[_CACHE] = None
         return state
@@ -355,6 +384,8 @@ class ReturnsCache(ModelAdapter):
                 "return the cache it built (an HF model: pass use_cache=True), or use Recompute for a model "
                 "without one."
             )
+        if self.crop_hook is None and state[_CACHE] is not None:  # what the automatic crop would cut, checked
+            state[_STILL] = not_growing(state[_CACHE], outputs[1], input_ids.shape[1] - state[_FED])
         state[_CACHE] = outputs[1]
         return super().update(outputs, input_ids, state)
 
@@ -370,6 +401,12 @@ class ReturnsCache(ModelAdapter):
                 state[_CACHE] = hook_result(self.crop_hook(state[_CACHE], length), state[_CACHE], "crop_cache",
                                             "crop_cache(cache, length) -> cache")
             else:
+                if state.get(_STILL) is not None:
+                    raise CacheTypeError(
+                        f"cannot drop positions from the cache: {state[_STILL]} did not grow along its "
+                        "second-to-last axis by the positions fed, so that axis is not the sequence (a recurrent "
+                        "state?) and hfbridge would cut the wrong one. Pass ReturnsCache(model, crop_cache=...)."
+                    )
                 state[_CACHE] = _crop(state[_CACHE], length, cached=state[_FED])
             state[_FED] = length
         return state

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from hfbridge._hf.caches import crop_hf_cache, is_hf_cache
+from hfbridge._hf.caches import crop_hf_cache, is_croppable, is_hf_cache
 
 
 class CacheTypeError(TypeError):
@@ -123,7 +123,14 @@ def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
     if item is None:
         return None
     if is_hf_cache(item):
-        crop_hf_cache(item, length)
+        if not is_croppable(item):
+            raise CacheTypeError(
+                f"cannot drop positions from {where}, a {type(item).__name__} that says it is not croppable (it "
+                "holds recurrent states, which cannot go back to a shorter prefix). Give the adapter a crop hook "
+                "(ReturnsCache(model, crop_cache=...), Hooks(crop_state=...)) that restores a saved state, or do not "
+                "use assisted or prompt-lookup decoding with this model."
+            )
+        crop_hf_cache(item, length, cached)
         return item
     if isinstance(item, torch.Tensor):
         return _crop_tensor(item, length, cached, where)
@@ -153,3 +160,35 @@ def _crop_tensor(tensor: torch.Tensor, length: int, cached: int | None, where: s
     if tensor.shape[-2] <= length:
         return tensor
     return tensor[..., :length, :]
+
+
+def not_growing(old: Any, new: Any, added: int, where: str = "cache") -> str | None:
+    """The first tensor of a cache nest whose second-to-last axis did not grow by the `added` positions fed
+    between two calls (`old` -> `new`), as `where[...] (shape before -> after)`; None when every one did.
+
+    `crop_cache` cuts that axis; a recurrent state whose size there merely equals the positions seen
+    would be cut on the wrong axis. HF `Cache` objects and nests of another structure are not judged
+    here (None).
+
+    >>> import torch
+    >>> not_growing((torch.zeros(1, 3, 4),), (torch.zeros(1, 4, 4),), added=1) is None
+    True
+    >>> not_growing((torch.zeros(1, 3, 3),), (torch.zeros(1, 3, 3),), added=1)
+    'cache[0] (shape (1, 3, 3) -> (1, 3, 3))'
+    """
+    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor):
+        if old.ndim >= 3 and new.ndim == old.ndim and new.shape[-2] != old.shape[-2] + added:
+            return f"{where} (shape {tuple(old.shape)} -> {tuple(new.shape)})"
+        return None
+    if isinstance(old, (tuple, list)) and isinstance(new, (tuple, list)) and len(old) == len(new):
+        for index, (a, b) in enumerate(zip(old, new)):
+            found = not_growing(a, b, added, f"{where}[{index}]")
+            if found is not None:
+                return found
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for key in old:
+            if key in new:
+                found = not_growing(old[key], new[key], added, f"{where}[{key!r}]")
+                if found is not None:
+                    return found
+    return None

@@ -8,9 +8,15 @@ adapter you pass explicitly still wins). It does what `model.generate` does arou
   override it as in HF (see `hfbridge._generate.call`);
 - the first cache is the one HF's `generate` creates (`_prepare_cache_for_generation`); the prompt
   is fed once, then one new token per call with the cache the model returned;
-- each call's inputs come from the model's own `prepare_inputs_for_generation` (position ids from
-  the mask with left padding, the cache under the installed version's name, `logits_to_keep=1`);
-  see `hfbridge._hf.model_inputs` for what differs between transformers versions.
+- each call's inputs come from the model's own `prepare_inputs_for_generation`, given what the
+  installed `generate` passes it whatever the override names (`next_sequence_length` and
+  `is_first_iteration` in 5.x, `cache_position` in 4.x; position ids from the mask with left
+  padding, the cache under the installed version's name, `logits_to_keep=1`); a model that would be
+  fed its whole sequence again on top of its cache is a `TransformersContractError`; see
+  `hfbridge._hf.model_inputs` for what differs between transformers versions;
+- the cache carried is the one HF's loop carries: the one returned, else the one passed in (a model
+  that fills its cache in place); stateful models are refused for assisted decoding, and a class
+  with a `generate` of its own is refused, before any model call.
 
 Beam search reorders and assisted decoding crops the HF cache (`hfbridge._models.cache`).
 
@@ -33,7 +39,16 @@ from typing import Any
 import torch
 
 from hfbridge._hf.host import ProcessorHost
-from hfbridge._hf.model_inputs import carried_cache, drops_full_mask, first_cache, keep_for_rollback, step_inputs
+from hfbridge._hf.model_inputs import (
+    carried_cache,
+    drops_full_mask,
+    first_cache,
+    is_stateful,
+    keep_for_rollback,
+    own_generate,
+    reorder_model_cache,
+    step_inputs,
+)
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.cache import crop_cache, reorder_cache
 
@@ -45,6 +60,7 @@ _CACHE = "_cache"  # the model's cache entries by input name ({"past_key_values"
 _KEEP = "_keep"  # logits_to_keep: 1, or "fed" (every fed position: assisted decoding)
 _MASK = "_mask"  # pass the attention mask (False where HF drops an all-ones one)
 _USE_CACHE = "_use_cache"
+_CALLS = "_calls"  # model calls made in this generate call (the first is HF's prefill)
 
 
 def is_hf_model(model: Any) -> bool:
@@ -86,7 +102,16 @@ class HFModel(ModelAdapter):
         if getattr(model.config, "is_encoder_decoder", False):
             raise TypeError(
                 f"HFModel takes decoder-only models, but {type(model).__name__} is an encoder-decoder model; "
-                "hfbridge.generate decodes decoder-only models (use the model's own generate)."
+                "pass its decoder step as a callable (ReturnsCache; docs/hf_models.md has the recipe) or use the "
+                "model's own generate."
+            )
+        overridden = own_generate(model)
+        if overridden is not None:
+            raise TypeError(
+                f"{type(model).__name__} has a generate of its own ({overridden}), which decodes differently from "
+                "transformers' GenerationMixin.generate that hfbridge mirrors; hfbridge would not give its tokens. "
+                "Use the model's own generate, or pass a callable (hfbridge.Recompute / ReturnsCache) to decode it "
+                "as a plain language model."
             )
         super().__init__(model)
         self.hf: Any = model  # typed as the PreTrainedModel it is
@@ -101,7 +126,7 @@ class HFModel(ModelAdapter):
     def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
               model_inputs: dict[str, Any]) -> dict[str, Any]:
         state = super().start(input_ids, attention_mask, model_inputs)
-        state.update({_CACHE: {}, _KEEP: "fed", _MASK: True, _USE_CACHE: True})
+        state.update({_CACHE: {}, _KEEP: "fed", _MASK: True, _USE_CACHE: True, _CALLS: 0})
         return state
 
     def begin(self, state: dict[str, Any], config: Any, *, prompts: int, assisted: bool) -> dict[str, Any]:
@@ -113,6 +138,13 @@ class HFModel(ModelAdapter):
             prompts: Prompts in the call, before expansion for beams / returned sequences.
             assisted: The call runs assisted or prompt-lookup decoding, which checks every fed position.
         """
+        if assisted and is_stateful(self.hf):
+            # HF's `generate` refuses it before any model call: a recurrent state cannot go back to a prefix
+            raise ValueError(
+                f"assisted generation is not supported with stateful models, such as {type(self.hf).__name__} "
+                "(as transformers' own generate says): its recurrent state cannot be rolled back to the accepted "
+                "draft tokens. Use greedy or sampling without assistant_model= / prompt_lookup_num_tokens=."
+            )
         mask = state["attention_mask"]  # [N, T]
         state[_USE_CACHE] = config.use_cache is not False
         state[_CACHE] = first_cache(self.hf, config, batch=prompts, max_length=config.max_length,
@@ -128,13 +160,17 @@ class HFModel(ModelAdapter):
         keep = input_ids.shape[1] - fed if state[_KEEP] == "fed" else state[_KEEP]
         inputs = step_inputs(self.hf, input_ids, cache=state[_CACHE], fed=fed,
                              attention_mask=state["attention_mask"] if state[_MASK] else None, keep=keep,
-                             model_inputs=self.model_inputs(state), use_cache=state[_USE_CACHE])
+                             model_inputs=self.model_inputs(state), use_cache=state[_USE_CACHE],
+                             first=state[_CALLS] == 0, assisted=state[_KEEP] == "fed")
+        state[_CALLS] += 1
         return self.model(**inputs, return_dict=True)
 
     def update(self, outputs: Any, input_ids: torch.Tensor, state: dict[str, Any]) -> dict[str, Any]:
         if state[_USE_CACHE]:
-            state[_CACHE] = carried_cache(self.hf, outputs)
-            # a model that returned no cache HF knows of is fed the whole sequence again (correct, slower)
+            # as HF's loop: the cache the output returned, else the one passed in (a model that fills its
+            # cache in place and does not return it, e.g. RoBERTa's family)
+            state[_CACHE] = carried_cache(self.hf, outputs, state[_CACHE])
+            # a model without a cache HF knows of is fed the whole sequence again, as by HF
             state[_FED] = input_ids.shape[1] if state[_CACHE] else 0
         return state
 
@@ -145,7 +181,7 @@ class HFModel(ModelAdapter):
         return next(iter(state.get(_CACHE, {}).values()), None)
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
-        state[_CACHE] = {name: _reordered(value, beam_idx) for name, value in state[_CACHE].items()}
+        state[_CACHE] = {name: _reordered(self.hf, value, beam_idx) for name, value in state[_CACHE].items()}
         return state
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
@@ -156,10 +192,8 @@ class HFModel(ModelAdapter):
         return state
 
 
-def _reordered(cache: Any, beam_idx: torch.Tensor) -> Any:
-    """As HF's beam search: a cache with its own `reorder_cache` (HF `Cache`s, 4.x's `MambaCache`) reorders
-    itself; tuples of batch-first tensors (4.x's legacy caches) are rebuilt by `reorder_cache`."""
-    if not isinstance(cache, (tuple, list, dict, torch.Tensor)) and callable(getattr(cache, "reorder_cache", None)):
-        cache.reorder_cache(beam_idx)
-        return cache
-    return reorder_cache(cache, beam_idx)
+def _reordered(model: Any, cache: Any, beam_idx: torch.Tensor) -> Any:
+    """As HF's beam search (`reorder_model_cache`); a nest neither the model nor the cache reorders is rebuilt
+    by `reorder_cache` (tuples of batch-first tensors)."""
+    reordered = reorder_model_cache(model, cache, beam_idx)
+    return reordered if reordered is not None else reorder_cache(cache, beam_idx)

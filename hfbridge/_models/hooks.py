@@ -52,7 +52,8 @@ class Hooks(ModelAdapter):
             Default: reorder every entry update_state set (`past_key_values`, `cache`, ..., whatever
             its key): HF `Cache` objects and nests of batch-first tensors; anything else is refused
             with an error naming the entry.
-        crop_state: `(state, length) -> state`, for assisted and prompt-lookup decoding: forget
+        crop_state: `(state, length) -> state` (or `(state, length, fed) -> state`, where `fed` is
+            how many positions the model has been fed so far), for assisted and prompt-lookup decoding: forget
             every position from `length` on (the rejected draft tokens); `prepare_inputs` then
             feeds `input_ids[:, length:]`. Default: crop `state["past_key_values"]` (or
             `state["cache"]`, HF's name since transformers 5.24): an HF `Cache` or tensors
@@ -93,6 +94,10 @@ class Hooks(ModelAdapter):
         self.reorder_state = checked_hook(reorder_state, "reorder_state", "reorder_state(state, beam_idx) -> state")
         self.crop_state = checked_hook(crop_state, "crop_state", "crop_state(state, length) -> state")
         self.hook_signature = call_signature(prepare_inputs)
+        crop_signature = call_signature(crop_state) if crop_state is not None else None
+        self._crop_takes_fed = crop_signature is not None and len(
+            [p for p in crop_signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        ) >= 3
         self._start: dict[str, Any] = {}  # the model inputs this call's state started with
         self._fed: int | None = None  # positions the model has seen in this call
 
@@ -136,8 +141,17 @@ class Hooks(ModelAdapter):
             )
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        state = self._cropped(state, length)
+        if self._fed is not None:
+            self._fed = min(self._fed, length)
+        return state
+
+    def _cropped(self, state: dict[str, Any], length: int) -> dict[str, Any]:
         if self.crop_state is not None:
-            new_state = self.crop_state(state, length)
+            if self._crop_takes_fed:
+                new_state = self.crop_state(state, length, self._fed if self._fed is not None else 0)
+            else:
+                new_state = self.crop_state(state, length)
             if not isinstance(new_state, dict):
                 raise AdapterTypeError(f"crop_state must return the state dict, got {describe(new_state)}.")
             return new_state
@@ -145,6 +159,11 @@ class Hooks(ModelAdapter):
         # `cached`: the positions the model has seen, so that a cache laid out another way fails here, by name
         return {**state, **{name: _crop(state[name], length, cached=self._fed, where=f"state[{name!r}]")
                             for name in ALL_CACHE_NAMES if name in state}}
+
+    @property
+    def fed(self) -> int:
+        """How many positions of the sequence the model has been fed in this call (0 before the first call)."""
+        return self._fed or 0
 
     def check_inputs(self, names: list[str]) -> None:
         for name in names:

@@ -37,7 +37,7 @@ _PROCESSOR_OPTIONS = (
 
 # Options after which HF's default `top_k=50` is off unless `top_k` is passed: llama.cpp runs mirostat
 # without top-k, and top-nσ's paper applies it to the whole distribution.
-_NO_DEFAULT_TOP_K = {"mirostat": lambda value: value == 2, "top_n_sigma": lambda value: value is not None}
+_NO_DEFAULT_TOP_K = {"mirostat": lambda value: value in (1, 2), "top_n_sigma": lambda value: value is not None}
 
 # Options whose processor depends on how long the prompt was.
 _NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")

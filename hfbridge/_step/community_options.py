@@ -13,12 +13,17 @@ processors and puts them in the chain order, by each row's `place`:
    "after_temperature": `SmoothingLogitsWarper` and `TopNSigmaLogitsWarper` right after the temperature;
 3. "after_truncation": `XTCLogitsWarper` after HF's truncation warpers (top-k, top-p, min-p, typical, epsilon,
    eta, top-h);
-4. "last": `MirostatLogitsWarper` (`mirostat=2`) last (before HF's `LogitNormalization`, if any).
+4. "last": `MirostatLogitsWarper` (`mirostat=2`) or `MirostatV1LogitsWarper` (`mirostat=1`) last (before
+   HF's watermarks and `LogitNormalization`, if any), or `AdaptivePLogitsWarper` (`adaptive_target >= 0`);
+5. "first": `ThinkingBudgetLogitsProcessor` (`thinking_budget`) first (after HF's guidance, if any), as
+   llama.cpp adds its reasoning budget first: the token it forces stays the only one left;
+6. `sampler_order` (llama.cpp's `--samplers`), last: the named samplers trade places
+   (`_step/sampler_order.py`).
 
 The warpers (2-4) apply when sampling, as HF's; passing one of their options turns sampling on.
 
 >>> sorted(OPTIONS)[:3]
-['dry_allowed_length', 'dry_base', 'dry_multiplier']
+['adaptive_decay', 'adaptive_target', 'dry_allowed_length']
 >>> check_community({"dry_base": 0.5})
 Traceback (most recent call last):
 ...
@@ -33,6 +38,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
+from hfbridge._step import sampler_order
 from hfbridge._step.option_checks import check_option_values
 from hfbridge._step.option_table import ROWS, OptionRow, community_rows
 
@@ -90,10 +96,17 @@ def _named(processor: Any, rows: list[OptionRow]) -> Any:
 
 
 def _classes() -> dict[type, list[OptionRow]]:
-    """Each of our processor classes and its rows, in the registry's order."""
+    """Each of our processor classes and its rows (its own, and those that also configure it), in the registry's
+    order."""
     classes: dict[type, list[OptionRow]] = {}
     for row in OPTIONS.values():
-        classes.setdefault(row.processor, []).append(row)
+        if row.processor is not None:
+            classes.setdefault(row.processor, []).append(row)
+    by_name = {kind.__name__: kind for kind in classes}
+    for row in OPTIONS.values():
+        for name in row.also_configures:
+            if name in by_name and row not in classes[by_name[name]]:
+                classes[by_name[name]].insert(0, row)
     return classes
 
 
@@ -109,6 +122,8 @@ def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = N
             on = on or _windowed(config, v)
         elif kind.__name__ == "MirostatLogitsWarper":
             on = v["mirostat"] == 2
+        elif kind.__name__ == "MirostatV1LogitsWarper":
+            on = v["mirostat"] == 1
         if not on or (any(row.sampling for row in rows) and not config.do_sample):
             continue
         arguments = {row.argument: v[row.name] for row in rows if row.argument}
@@ -131,8 +146,35 @@ def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = N
             arguments["generator"] = generator
         if kind.__name__ == "PresenceFrequencyPenaltyLogitsProcessor":
             _penalty_arguments(config, v, arguments, prompt_length)
+        if kind.__name__ == "ThinkingBudgetLogitsProcessor":
+            built[kind] = _named(_thinking_budget(kind, arguments, tokenizer), rows)
+            continue
         built[kind] = _named(kind(**arguments), rows)
+    kinds = {kind.__name__ for kind in built}
+    if "AdaptivePLogitsWarper" in kinds and kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}:
+        raise ValueError("`mirostat` and `adaptive_target` both choose the final token from a distribution of "
+                         "their own (llama.cpp runs one or the other): pass one of them.")
+    mirostat = kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}
+    if getattr(config, "sampler_order", None) is not None and mirostat:
+        raise ValueError("`sampler_order` orders llama.cpp's sampler chain, which `mirostat` replaces (llama.cpp "
+                         "ignores the order then): pass one of them.")
     return built
+
+
+_THINKING_NAMES = {"`budget": "`thinking_budget", "`start_ids": "`thinking_start", "`end_ids": "`thinking_end",
+                   "`message_ids": "`thinking_budget_message"}
+
+
+def _thinking_budget(kind: type, arguments: dict[str, Any], tokenizer: Any) -> Any:
+    try:
+        return kind(**arguments)
+    except (TypeError, ValueError) as error:
+        text = str(error)
+        for old, new in _THINKING_NAMES.items():
+            text = text.replace(old, new)
+        if tokenizer is None and "tokenizer=" in text:
+            text = text.rstrip(".") + " (the default tags are the strings '<think>' and '</think>')."
+        raise type(error)(text) from None
 
 
 def _windowed(config: GenerationConfig, v: Mapping[str, Any]) -> bool:
@@ -163,7 +205,10 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
                    generator: Any = None, prompt_length: int | None = None) -> LogitsProcessorList:
     """`processors` (HF's list, in HF's order) with the community processors in their places (in place)."""
     built = build(config, tokenizer=tokenizer, generator=generator, prompt_length=prompt_length)
+    order = getattr(config, "sampler_order", None)
     if not built:
+        if order is not None:
+            processors[:] = sampler_order.apply_order(list(processors), order)
         return processors
     for processor in processors:
         if type(processor) in built:
@@ -206,5 +251,10 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
     items[where:where] = by_place.get("after_truncation", [])
     end = tail()
     items[end:end] = by_place.get("last", [])
+    guidance = [i for i, n in enumerate(names()) if n == "UnbatchedClassifierFreeGuidanceLogitsProcessor"]
+    first = guidance[-1] + 1 if guidance else 0  # first, as llama.cpp's reasoning budget: what it forces stays
+    items[first:first] = by_place.get("first", [])
+    if order is not None:
+        items = sampler_order.apply_order(items, order)
     processors[:] = items
     return processors

@@ -19,7 +19,7 @@ TypeError: `do_sample` must be a bool (True or False), got str 'False'.
 >>> check_option_values({"mirostat": 3}, where="in `generation_config`")
 Traceback (most recent call last):
 ...
-ValueError: `mirostat` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got 3 (in `generation_config`).
+ValueError: `mirostat` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got 3 (in `generation_config`).
 """
 
 from __future__ import annotations

@@ -28,15 +28,20 @@ ValueError: `top_n_sigma` must be > 0.0, got -1.0.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from hfbridge._step import sampler_order
 from hfbridge.processors import (
+    AdaptivePLogitsWarper,
     DRYLogitsProcessor,
     DynamicTemperatureLogitsWarper,
     MirostatLogitsWarper,
+    MirostatV1LogitsWarper,
     PresenceFrequencyPenaltyLogitsProcessor,
     SmoothingLogitsWarper,
+    ThinkingBudgetLogitsProcessor,
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
 )
@@ -47,11 +52,11 @@ from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
 __all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "per_row_options",
            "plain_options", "register", "sampling_options", "sampling_processors", "unregister"]
 
-# Where a processor goes in HF's chain (`community_options.add_processors` places them):
-# "hf": HF builds it; "penalties": right after HF's repetition penalty; "temperature": in place of HF's
-# temperature; "after_temperature": right after it; "after_truncation": after HF's top-k, top-p, min-p, ...;
-# "last": before HF's watermark and `LogitNormalization`.
-PLACES = ("hf", "penalties", "temperature", "after_temperature", "after_truncation", "last")
+# Where a processor goes in HF's chain (`community_options.add_processors` places them): "hf": HF builds it;
+# "first": first (after HF's guidance); "penalties": right after HF's repetition penalty; "temperature": in place
+# of HF's temperature; "after_temperature": right after it; "after_truncation": after HF's top-k, top-p, min-p,
+# ...; "last": before HF's watermark and `LogitNormalization`; "order": no processor, the chain's order.
+PLACES = ("hf", "first", "penalties", "temperature", "after_temperature", "after_truncation", "last", "order")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +79,7 @@ class OptionRow:
         also_configures: Other classes whose values it decides (per-row groups differ in them too).
         check: An extra check `(name, value) -> None` (types the bounds cannot say).
         carried: "field" (a field of HF's `GenerationConfig`) or "attribute" (an extra attribute HF keeps).
+        is_off: For a switch whose "off" is a range (`adaptive_target < 0`): `value -> bool`, instead of `off`.
     """
 
     name: str
@@ -91,6 +97,7 @@ class OptionRow:
     also_configures: tuple[str, ...] = ()
     check: Callable[[str, Any], None] | None = None
     carried: str = "attribute"
+    is_off: Callable[[Any], bool] | None = None
 
     @property
     def community(self) -> bool:
@@ -100,6 +107,8 @@ class OptionRow:
     @property
     def classes(self) -> tuple[str, ...]:
         """The class names whose values this option decides."""
+        if self.processor is None:
+            return self.also_configures
         kind = self.processor if isinstance(self.processor, str) else self.processor.__name__
         return (kind, *self.also_configures)
 
@@ -118,6 +127,8 @@ class OptionRow:
         """Whether `value` (a scalar or one per row) builds the processor."""
         if value is None:
             return False
+        if self.is_off is not None:
+            return any(not self.is_off(item) for item in RowParam(self.name, value, integer=self.integer).values)
         if self.off is None:
             return True
         items = RowParam(self.name, value, integer=self.integer).values
@@ -127,9 +138,30 @@ class OptionRow:
 def _mirostat(name: str, value: Any) -> None:
     value = plain(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int (0 = off, 2 = mirostat 2.0), got {described(value)}.")
-    if value not in (0, 2):
-        raise ValueError(f"`{name}` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got {value!r}.")
+        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), "
+                        f"got {described(value)}.")
+    if value not in (0, 1, 2):
+        raise ValueError(f"`{name}` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {value!r}.")
+
+
+def _tag(name: str, value: Any, *, empty: bool = False) -> None:
+    # a string (tokenized with the tokenizer when the processor is built) or token ids
+    if isinstance(value, str):
+        if not value and not empty:
+            raise ValueError(f"`{name}` is an empty string.")
+        return
+    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
+            ("int", "uint")):
+        value = value.tolist()  # a tensor or numpy array of ids
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(token, numbers.Integral) and not isinstance(token, bool) and int(token) >= 0 for token in value):
+        raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
+    if not value and not empty:
+        raise ValueError(f"`{name}` is empty: give at least one token id.")
+
+
+def _message(name: str, value: Any) -> None:
+    _tag(name, value, empty=True)
 
 
 def _breakers(name: str, value: Any) -> None:
@@ -207,10 +239,30 @@ _ROWS = [
           place="after_truncation"),
     _ours("xtc_probability", XTCLogitsWarper, "probability", 0.0, off=0.0, switch=True, sampling=True,
           bounds={"minimum": 0.0, "maximum": 1.0}, place="after_truncation", needs=("generator",)),
+    # mirostat 2 (`mirostat=2`) or 1 (`mirostat=1`, with `mirostat_m`): `community_options.build` picks the class
     _ours("mirostat", MirostatLogitsWarper, "", 0, off=0, switch=True, sampling=True, per_row=False, integer=True,
-          check=_mirostat, place="last"),
-    _ours("mirostat_tau", MirostatLogitsWarper, "tau", 5.0, sampling=True, bounds={"above": 0.0}, place="last"),
-    _ours("mirostat_eta", MirostatLogitsWarper, "eta", 0.1, sampling=True, bounds={"above": 0.0}, place="last"),
+          check=_mirostat, place="last", also_configures=(MirostatV1LogitsWarper.__name__,)),
+    _ours("mirostat_tau", MirostatLogitsWarper, "tau", 5.0, sampling=True, bounds={"above": 0.0}, place="last",
+          also_configures=(MirostatV1LogitsWarper.__name__,)),
+    _ours("mirostat_eta", MirostatLogitsWarper, "eta", 0.1, sampling=True, bounds={"above": 0.0}, place="last",
+          also_configures=(MirostatV1LogitsWarper.__name__,)),
+    _ours("mirostat_m", MirostatV1LogitsWarper, "m", 100, sampling=True, integer=True, bounds={"minimum": 1},
+          place="last"),
+    _ours("adaptive_target", AdaptivePLogitsWarper, "target", -1.0, switch=True, sampling=True,
+          bounds={"maximum": 1.0}, place="last", is_off=lambda value: value < 0),
+    _ours("adaptive_decay", AdaptivePLogitsWarper, "decay", 0.9, sampling=True,
+          bounds={"minimum": 0.0, "maximum": 0.99}, place="last"),
+    # a thinking budget (greedy or sampling), first in the chain
+    _ours("thinking_budget", ThinkingBudgetLogitsProcessor, "budget", None, switch=True, integer=True,
+          bounds={"minimum": 0}, place="first", needs=("tokenizer", "prompt_length")),
+    _ours("thinking_start", ThinkingBudgetLogitsProcessor, "start_ids", "<think>", per_row=False, check=_tag,
+          place="first"),
+    _ours("thinking_end", ThinkingBudgetLogitsProcessor, "end_ids", "</think>", per_row=False, check=_tag,
+          place="first"),
+    _ours("thinking_budget_message", ThinkingBudgetLogitsProcessor, "message_ids", None, per_row=False,
+          check=_message, place="first"),
+    # the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling): no processor
+    OptionRow("sampler_order", None, per_row=False, check=sampler_order.check_order, place="order"),
 ]
 
 ROWS: dict[str, OptionRow] = {row.name: row for row in _ROWS}

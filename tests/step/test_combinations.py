@@ -141,7 +141,7 @@ def test_sample_step_with_mirostat_keeps_nothing_between_calls():
     (dict(top_n_sigma=[1.0, float("nan"), 1.0]), "`top_n_sigma[1]` (row 1) must be a finite number, got nan."),
     (dict(xtc_probability=[0.5, 2.0, 0.5]), "`xtc_probability[1]` (row 1) must be <= 1.0, got 2.0."),
     (dict(top_k=[1, 2.5, 3]), "`top_k[1]` (row 1) must be an int, got float 2.5."),
-    (dict(mirostat=[2, 2, 2]), "`mirostat` must be an int (0 = off, 2 = mirostat 2.0), got list [2, 2, 2]."),
+    (dict(mirostat=[2, 2, 2]), "`mirostat` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), got list [2, 2, 2]."),
     (dict(temperature=False), "`temperature` must be a number, got bool False."),  # not read as 0 (greedy)
     (dict(temperature=np.array([[0.5, 1.0, 1.0]])), "`temperature[0]` (row 0) must be a number, got list [0.5, 1.0, 1.0]."),
 ])
