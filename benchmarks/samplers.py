@@ -8,7 +8,7 @@ Method: one thread (`torch.set_num_threads(1)`), each call timed with `time.thre
 thread's CPU time), every sampler and the floor (`logits.amax(-1)`) run round-robin on the same
 realistic logits (log-probability ~ -1.1 log(rank), permuted per row) and history; each number is
 the median over the rounds. A sampler's added cost is its own call; dynamic temperature replaces
-HF's `TemperatureLogitsWarper`, so its added cost is the difference. Target (issue 18): each <= 8.
+HF's `TemperatureLogitsWarper`, so its added cost is the difference. Target: each <= 8.
 The stateful ones (mirostat 1 and 2, adaptive-p, the thinking budget) are timed on their update path
 (the call after a step, reading the token chosen).
 """

@@ -35,7 +35,7 @@ def names(processors):
 def test_chain_order():
     built = build_processors(temperature=0.7, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
                              dry_multiplier=0.8, dry_sequence_breakers=[[3]], xtc_probability=0.5, top_n_sigma=1.0,
-                             smoothing_factor=0.3, mirostat=2, prompt_length=3, renormalize_logits=True)
+                             smoothing_factor=0.3, mirostat=2, prompt_length=3, renormalize_logits=True, top_k=50)
     assert names(built) == [
         "RepetitionPenaltyLogitsProcessor", "PresenceFrequencyPenaltyLogitsProcessor", "DRYLogitsProcessor",
         "TemperatureLogitsWarper", "SmoothingLogitsWarper", "TopNSigmaLogitsWarper", "TopKLogitsWarper",
@@ -156,7 +156,8 @@ def test_dry_prevents_a_repeat_in_generate():
     (dict(penalty_last_n=-2, presence_penalty=0.1), r"^`penalty_last_n` must be >= -1, got -2.$"),
     (dict(presence_penalty=0.5), r"need `prompt_length=`.*`penalty_last_n=`"),
     (dict(dry_multiplier=[1.0, 2.0, 3.0], dry_sequence_breakers=[]),
-     r"^`dry_multiplier` has 3 values \(one per row\) but the scores have 2 rows.$"),
+     r"^`dry_multiplier` has 3 values, one per row, but the step has 2 rows; pass one value per row, "
+     r"or a single number for every row.$"),
 ])
 def test_bad_options_name_the_option(options, message):
     with pytest.raises((ValueError, TypeError), match=message):

@@ -273,7 +273,8 @@ def test_input_left_unchanged(cls, params):
 
 @pytest.mark.parametrize("cls,params", CLASSES, ids=lambda c: getattr(c, "__name__", ""))
 def test_wrong_row_count_names_the_parameter(cls, params):
-    with pytest.raises(ValueError, match=r"^`\w+` has 3 values \(one per row\) but the scores have 2 rows.$"):
+    with pytest.raises(ValueError, match=r"^`\w+` has 3 values, one per row, but the scores have 2 rows; pass one "
+                                         r"value per row, or a single number for every row.$"):
         cls(**params)(torch.zeros(2, 40, dtype=torch.long), torch.zeros(2, 30))
 
 
@@ -287,14 +288,14 @@ def test_wrong_row_count_names_the_parameter(cls, params):
     (lambda: XTCLogitsWarper(0.0), r"`threshold` must be > 0.0, got 0.0."),
     (lambda: XTCLogitsWarper(1.5), r"`threshold` must be <= 1.0, got 1.5."),
     (lambda: XTCLogitsWarper(0.1, -0.1), r"`probability` must be >= 0.0, got -0.1."),
-    (lambda: XTCLogitsWarper(0.1, [0.5, math.nan]), r"`probability\[1\]` must be a finite number, got nan."),
+    (lambda: XTCLogitsWarper(0.1, [0.5, math.nan]), r"`probability\[1\]` \(row 1\) must be a finite number, got nan."),
     (lambda: TopNSigmaLogitsWarper(-1.0), r"`n` must be > 0.0, got -1.0."),
     (lambda: TopNSigmaLogitsWarper(True), r"`n` must be a number, got bool True."),
     (lambda: MirostatLogitsWarper(tau=0.0), r"`tau` must be > 0.0, got 0.0."),
     (lambda: SmoothingLogitsWarper(0.5, curve=0.5), r"`curve` must be >= 1.0, got 0.5."),
     (lambda: DynamicTemperatureLogitsWarper(1.0, -0.5), r"`range` must be >= 0.0, got -0.5."),
     (lambda: PresenceFrequencyPenaltyLogitsProcessor(0.5), r"need `prompt_length=`.*`penalty_last_n=`"),
-    (lambda: TopNSigmaLogitsWarper(torch.ones(2, 2)), r"`n` must be a number or a 1-D tensor"),
+    (lambda: TopNSigmaLogitsWarper(torch.ones(2, 2)), r"`n` must be a number or one number per row"),
 ])
 def test_bad_values_are_clear_errors(make, message):
     with pytest.raises((ValueError, TypeError), match=message):

@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 8): each gets HF's answer or an error naming what was wrong."""
+"""Hostile inputs: each gets HF's answer or an error naming what was wrong."""
 
 import re
 
@@ -74,7 +74,7 @@ def test_plus_inf_in_generate_names_the_step():
         generate(model, torch.tensor([[3]]), max_new_tokens=2, do_sample=True)
 
 
-# ---- processor outputs (item 10) ----
+# ---- processor outputs ----
 
 def test_checked_list_keeps_hf_items_and_equality():
     warper = TemperatureLogitsWarper(0.5)
@@ -129,7 +129,7 @@ def test_check_function_for_processors_run_elsewhere():
         check_processor_output(TemperatureLogitsWarper(2.0), scores, None)
 
 
-# ---- explain_step(fast=True) runs each processor once (item 6) ----
+# ---- explain_step(fast=True) runs each processor once ----
 
 @pytest.mark.parametrize("fast", [False, True])
 def test_explain_step_calls_a_stateful_processor_once(fast):
@@ -150,7 +150,7 @@ def test_explain_step_calls_a_stateful_processor_once(fast):
     assert trace.token == int(expected[1])
 
 
-# ---- sample_step's sampler cache under threads (item 5) ----
+# ---- sample_step's sampler cache under threads ----
 
 def test_sampler_cache_is_thread_safe_and_bounded(monkeypatch):
     import sys
@@ -240,7 +240,7 @@ def test_hf_range_checks_still_run():
         sample_step(torch.randn(2, 10), top_p=1.5)
 
 
-# ---- a generation_config selecting beam search (item 11) ----
+# ---- a generation_config selecting beam search ----
 
 def test_step_refuses_a_config_with_beams_like_the_keyword():
     from transformers import GenerationConfig
@@ -262,7 +262,7 @@ def test_step_refuses_a_config_with_beams_like_the_keyword():
         build_processors(GenerationConfig(num_beams=3))
 
 
-# ---- generate validates every option before the first model call (item 9) ----
+# ---- generate validates every option before the first model call ----
 
 class Counting:
     def __init__(self, vocab=10):
@@ -305,7 +305,7 @@ def test_generate_checks_options_before_the_model_runs(options, kind, text):
     assert model.calls == 0
 
 
-# ---- token ids outside the vocabulary (item 12) ----
+# ---- token ids outside the vocabulary ----
 
 @pytest.mark.parametrize("options, text", [
     ({"suppress_tokens": [3, 100]}, "`suppress_tokens` holds token id 100"),
@@ -333,7 +333,7 @@ def test_token_ids_checked_against_the_trimmed_vocabulary_in_generate():
     assert model.calls == 1  # the vocabulary is known once the model has answered
 
 
-# ---- layout helpers (item 13) ----
+# ---- layout helpers ----
 
 def test_from_rows_refuses_a_batch_shape_that_does_not_fit():
     from hfbridge import from_rows
@@ -360,7 +360,7 @@ def test_to_rows_on_a_list():
     )
 
 
-# ---- a streamer failing on the prompt still ends (item 14) ----
+# ---- a streamer failing on the prompt still ends ----
 
 def test_streamer_failing_on_the_prompt_still_gets_end():
     class Failing:
@@ -378,7 +378,7 @@ def test_streamer_failing_on_the_prompt_still_gets_end():
     assert streamer.ended == 1
 
 
-# ---- meta logits; did-you-mean only for plausible misspellings (item 15) ----
+# ---- meta logits; did-you-mean only for plausible misspellings ----
 
 def test_meta_logits():
     with pytest.raises(ValueError) as error:

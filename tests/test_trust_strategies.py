@@ -1,4 +1,4 @@
-"""Hostile inputs to what 0.1 added (issue 17): cache hooks, beams, drafts, prompt lookup,
+"""Hostile inputs to what 0.1 added: cache hooks, beams, drafts, prompt lookup,
 `prefix_allowed_tokens_fn`, `check_every`, `compute_transition_scores`, `explain_generation`.
 Each gets HF's answer or an error naming the argument, before any wrong token."""
 

@@ -1,5 +1,5 @@
 """Every view's HTML, parsed back: token texts full of HTML metacharacters come out as the same text,
-and no token can add an element or an attribute (issue 17, item 4)."""
+and no token can add an element or an attribute."""
 
 from __future__ import annotations
 

@@ -24,9 +24,8 @@ from hfbridge._generate.options import option_names
 from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
-from hfbridge._step.community_options import check_community
 from hfbridge._step.layout import Layout
-from hfbridge._step.option_checks import check_flag, check_options, check_tokenizer, did_you_mean
+from hfbridge._step.option_checks import check_flag, check_option_values, check_options, check_tokenizer, did_you_mean
 from hfbridge._step.per_row_draw import check_generators
 
 __all__ = ["check_carried_options", "check_config", "check_input_ids", "checked_arguments", "has_default_max_length",
@@ -173,7 +172,7 @@ def check_carried_options(config: GenerationConfig | None, *, where: str) -> Non
     """
     if config is None:
         return
-    check_community({name: getattr(config, name, None) for name in COMMUNITY_OPTIONS}, where=where)
+    check_option_values({name: getattr(config, name, None) for name in COMMUNITY_OPTIONS}, where=where)
 
 
 def checked_arguments(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any,

@@ -184,7 +184,7 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
     generator list has one per row. The community samplers' per-row values (on `config`) are expanded
     in place the same way; a strategy without per-row values refuses both kinds alike."""
     rows = batch * expand
-    found = {name: _row_values(getattr(config, name, None)) for name in COMMUNITY_OPTIONS if name not in _NOT_PER_ROW}
+    found = {name: _row_values(getattr(config, name, None)) for name, row in COMMUNITY_OPTIONS.items() if row.per_row}
     community = {name: values for name, values in found.items() if values is not None}
     if not strategy.per_row and (per_row is not None or community or isinstance(generator, (list, tuple))):
         name = next(iter(per_row.values)) if per_row is not None else next(iter(community), None)
@@ -209,8 +209,6 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
     return per_row.expanded(expand) if expand > 1 else per_row
 
 
-# Community options whose list is not one value per row (token sequences, strings, an order).
-_NOT_PER_ROW = ("dry_sequence_breakers", "thinking_start", "thinking_end", "thinking_budget_message", "sampler_order")
 
 
 def _row_values(value: Any) -> tuple | None:

@@ -26,6 +26,7 @@ import torch
 
 from hfbridge._generate.output import padding_flags, read_output, score_rows, stacked_rows, token_ids
 from hfbridge._step.padded_vocab import check_drawn_ids
+from hfbridge._step.token_text import token_text
 
 __all__ = ["logprobs", "token_entry"]
 
@@ -50,8 +51,10 @@ def logprobs(output: Any, tokenizer: Any = None, *, top_logprobs: int = 0, kind:
 
     Returns:
         A list with one `{"content": [...]}` per row; each entry has `token` (str), `logprob`
-        (float, natural log; `-inf` for a token its distribution had removed), `bytes` (the UTF-8
-        bytes of `token`, a list of ints) and `top_logprobs` (a list of `{"token", "logprob", "bytes"}`).
+        (float, natural log; `-inf` for a token its distribution had removed), `bytes` (the token's
+        own bytes, a list of ints: the UTF-8 of `token`, or for a token that holds part of a character
+        the bytes it adds, so that consecutive tokens' bytes rebuild the text, as OpenAI's do) and
+        `top_logprobs` (a list of `{"token", "logprob", "bytes"}`).
 
     Raises:
         ValueError: the output lacks `scores` (pass `output_scores=True`) or `logits` (pass
@@ -119,8 +122,8 @@ def token_entry(token: int, logprob: float, tokenizer: Any = None,
     """
     known = None if texts is None else texts.get(token)
     if known is None:
-        text = str(token) if tokenizer is None else tokenizer.decode([token])
-        known = (text, list(text.encode("utf-8")))
+        text, own = token_text(tokenizer, token)  # the token's own bytes, even for part of a character
+        known = (text, list(own))
         if texts is not None:
             texts[token] = known
     return {"token": known[0], "logprob": float(logprob), "bytes": list(known[1])}

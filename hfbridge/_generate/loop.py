@@ -267,7 +267,7 @@ def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fa
 def _explain_greedy(sampler: Sampler, best: torch.Tensor, raw: torch.Tensor,
                     scores: torch.Tensor) -> Callable[[], None]:
     """Raise exact mode's error for the rows whose best score is NaN or -inf (the error path)."""
-    return lambda: sampler._raise_bad_rows(~(best > _NEG_INF), raw, scores)
+    return lambda: sampler.explain_invalid(~(best > _NEG_INF), raw, scores)
 
 
 def _float_copy(rows: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 Entry points: `sampler.Sampler` (a reusable step), `sample_step.sample_step` (one call), `layout`
 (einops patterns between a model's output and rows), `build_processors` (HF's processor list for a
-set of options), `option_checks` (every option's check), `community_options` (the options of
-`hfbridge.processors`' samplers: one row each, and their place in the chain), `sampler_order` (llama.cpp's
-`--samplers` order of the chain), `processor_list` (the checked list),
+set of options), `option_table` (the option registry: one row per sampling option, HF's and the community
+samplers'), `option_checks` (every option's check: `check_option_values`), `community_options` (the community
+samplers built and placed from their rows), `sampler_order` (llama.cpp's `--samplers` order of the chain),
+`processor_list` (the checked list),
 `routes` (CPU/accelerator choices), `fast/` (the fused, sort-free path).
 Imports: `hfbridge._hf`, `hfbridge.processors`, torch, transformers; never `_models`, `_generate`, `_views`.
 

@@ -8,6 +8,7 @@ options up front, with messages that say what to change.
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -18,22 +19,25 @@ from transformers import GenerationConfig, LogitsProcessorList
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step import community_options
 from hfbridge._step.guidance import last_position, refuse_without_unconditional, with_unconditional
-from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_options, did_you_mean
+from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_option_values, did_you_mean
+from hfbridge._step.option_table import ROWS, hf_sampling_options, plain_options
 from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.watermark import deferred
 
-# Options that turn sampling on when `do_sample` is left to hfbridge (HF's warpers).
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
-
-# Options that become a logits processor (or decide its parameters) in HF's `_get_logits_processor`.
+# Options that become a logits processor (or decide its parameters) in HF's `_get_logits_processor`,
+# besides the registry's HF rows (`_step/option_table.py`).
 _PROCESSOR_OPTIONS = (
-    "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "min_length",
+    "bad_words_ids", "sequence_bias", "min_length",
     "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens",
     "begin_suppress_tokens", "exponential_decay_length_penalty", "remove_invalid_values",
     "renormalize_logits", "eos_token_id", "pad_token_id", "bos_token_id", "max_length",
-    "max_new_tokens", "do_sample",
-) + SAMPLING_OPTIONS + ("watermarking_config", "guidance_scale")  # `_step/watermark.py`, `_step/guidance.py`
+    "max_new_tokens", "do_sample", "watermarking_config", "guidance_scale",  # `_step/watermark.py`, `_step/guidance.py`
+)
+
+# Options after which HF's default `top_k=50` is off unless `top_k` is passed: llama.cpp runs mirostat
+# without top-k, and top-nσ's paper applies it to the whole distribution.
+_NO_DEFAULT_TOP_K = {"mirostat": lambda value: value in (1, 2), "top_n_sigma": lambda value: value is not None}
 
 # Options whose processor depends on how long the prompt was.
 _NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")
@@ -46,7 +50,8 @@ def step_option_names() -> frozenset[str]:
     >>> {"temperature", "repetition_penalty"} <= step_option_names()
     True
     """
-    return frozenset(_PROCESSOR_OPTIONS) & generation_option_names()
+    hf_rows = [name for name, row in ROWS.items() if not row.community]
+    return frozenset((*_PROCESSOR_OPTIONS, *hf_rows)) & generation_option_names()
 
 
 def check_option_names(options: Iterable[str], accepted: frozenset[str], *, caller: str) -> None:
@@ -67,20 +72,29 @@ def resolve_do_sample(do_sample: bool | None, generation_config: GenerationConfi
                       options: Mapping[str, Any]) -> bool:
     """Decide greedy or sampling.
 
-    An explicit `do_sample` wins; otherwise any sampling option passed as a keyword
+    A `temperature` of 0 is greedy (whatever `do_sample` says, as OpenAI-style APIs and per-row values
+    read it); otherwise an explicit `do_sample` wins; otherwise any sampling option passed as a keyword
     (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`, `eta_cutoff`, `top_h`)
     means sampling; otherwise the `generation_config`'s own `do_sample`; otherwise greedy.
 
     >>> resolve_do_sample(None, None, {"top_p": 0.9}), resolve_do_sample(None, None, {})
     (True, False)
     """
+    if _zero(options.get("temperature")) or (options.get("temperature") is None and generation_config is not None
+                                             and _zero(getattr(generation_config, "temperature", None))):
+        return False
     if do_sample is not None:
         return bool(do_sample)
-    if any(options.get(name) is not None for name in SAMPLING_OPTIONS):
+    if any(options.get(name) is not None for name in hf_sampling_options()):
         return True
     if generation_config is not None and generation_config.do_sample is not None:
         return bool(generation_config.do_sample)
     return False
+
+
+def _zero(value: Any) -> bool:
+    """A temperature of 0 (a number: `False` is refused by the option's check, not read as 0)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
 def make_generation_config(
@@ -106,20 +120,33 @@ def make_generation_config(
         raise TypeError(
             f"`generation_config` must be a transformers.GenerationConfig, got {type(generation_config).__name__}."
         )
+    options = plain_options(options)  # NumPy values are numbers
     community, options = community_options.split_options(options)  # hfbridge.processors' options
-    if do_sample is None and any(community.get(name) is not None for name in community_options.WARPER_OPTIONS):
-        do_sample = True  # as a sampling option of HF's would
     check_option_names(options, step_option_names() if accepted is None else accepted, caller=caller)
     check_flag("do_sample", do_sample)
+    if do_sample is None and any(community.get(name) is not None for name in community_options.warper_options()):
+        do_sample = True  # as a sampling option of HF's would
+    top_k_passed = options.get("top_k") is not None or (generation_config is not None
+                                                       and generation_config.top_k is not None)
+    if not top_k_passed and any(off(community.get(name, getattr(generation_config, name, None)))
+                                for name, off in _NO_DEFAULT_TOP_K.items()):
+        options["top_k"] = 0  # HF's default top_k=50 is off for mirostat and top-nσ (docs/samplers.md)
+    greedy_by_temperature = _zero(options.get("temperature")) or (
+        options.get("temperature") is None and generation_config is not None and _zero(generation_config.temperature))
+    if greedy_by_temperature:  # temperature 0 is greedy: HF's warpers never see it
+        do_sample = False
+        options = {name: value for name, value in options.items() if name != "temperature"}
     if prompt_length is not None and not (isinstance(prompt_length, int) and not isinstance(prompt_length, bool)):
         raise TypeError(f"`prompt_length` must be an int (the prompt's length in tokens), got "
                         f"{type(prompt_length).__name__} {prompt_length!r}.")
-    check_options(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
+    check_option_values(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
     if generation_config is not None:
-        try:
-            check_options({name: getattr(generation_config, name, None) for name in CHECKED_OPTIONS})
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"{str(error).rstrip('.')} (in `generation_config`).") from None
+        names = (*CHECKED_OPTIONS, *ROWS)
+        check_option_values({name: getattr(generation_config, name, None) for name in names},
+                            where="in `generation_config`")
+        if greedy_by_temperature:
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.temperature = None
     host = host if host is not None else ProcessorHost()  # a model's host carries its generation_config
     base = generation_config
     if base is None or base.do_sample is None:
@@ -149,30 +176,18 @@ def make_generation_config(
     return config
 
 
-# option -> (HF class whose constructor validates it, the value meaning "off", applies only when sampling)
-_VALIDATORS = {
-    "repetition_penalty": ("RepetitionPenaltyLogitsProcessor", 1.0, False),
-    "no_repeat_ngram_size": ("NoRepeatNGramLogitsProcessor", 0, False),
-    "temperature": ("TemperatureLogitsWarper", 1.0, True),
-    "top_k": ("TopKLogitsWarper", 0, True),
-    "top_p": ("TopPLogitsWarper", 1.0, True),
-    "min_p": ("MinPLogitsWarper", None, True),
-    "typical_p": ("TypicalLogitsWarper", 1.0, True),
-    "epsilon_cutoff": ("EpsilonLogitsWarper", 0.0, True),
-    "eta_cutoff": ("EtaLogitsWarper", 0.0, True),
-    "top_h": ("TopHLogitsWarper", None, True),
-}
-
-
 def _check_values(config: GenerationConfig) -> None:
-    """Run HF's own range checks on every option, including values HF would silently ignore (`top_p=1.5`)."""
+    """Run HF's own range checks on every option of the registry's HF rows, including values HF would
+    silently ignore (`top_p=1.5`)."""
     from transformers.generation import logits_process
 
-    for name, (class_name, off, sampling_only) in _VALIDATORS.items():
-        value = getattr(config, name, None)
-        if value is None or value == off or (sampling_only and not config.do_sample):
+    for name, row in ROWS.items():
+        if row.community:
             continue
-        processor_class = getattr(logits_process, class_name, None)
+        value = getattr(config, name, None)
+        if value is None or value == row.off or (row.sampling and not config.do_sample):
+            continue
+        processor_class = getattr(logits_process, row.processor, None)
         if processor_class is None:
             continue
         try:

@@ -1,19 +1,21 @@
-"""The samplers of `hfbridge.processors` as generation options: one row per option, and their place.
+"""The samplers of `hfbridge.processors` as generation options: built and placed from the option registry.
 
-`OPTIONS` is the table: each option's default (llama.cpp's `common/common.h`), its check (errors name
-the option) and the processor it configures. The options travel on the prepared `GenerationConfig`
-as extra attributes (HF keeps unknown attributes), so a `GenerationConfig(dry_multiplier=0.8)`
-works like the keyword. `add_processors` builds the processors and puts them in the chain order:
+Their rows live in `_step/option_table.py` (`ROWS`): each option's default (llama.cpp's `common/common.h`), its
+check (errors name the option), the processor it configures and its place. The options travel on
+the prepared `GenerationConfig` as extra attributes (HF keeps unknown attributes), so a
+`GenerationConfig(dry_multiplier=0.8)` works like the keyword. `add_processors` builds the
+processors and puts them in the chain order, by each row's `place`:
 
-1. `PresenceFrequencyPenaltyLogitsProcessor`, then `DRYLogitsProcessor`, where HF puts its
-   repetition penalty (right after it); with `penalty_last_n` the presence/frequency processor also
-   takes over `repetition_penalty`, so both look at the same window (llama.cpp's `repeat_last_n`);
-2. `DynamicTemperatureLogitsWarper` in place of `TemperatureLogitsWarper` (`dynatemp_range > 0`),
-   then `SmoothingLogitsWarper` and `TopNSigmaLogitsWarper` right after the temperature;
-3. `XTCLogitsWarper` after HF's truncation warpers (top-k, top-p, min-p, typical, epsilon, eta, top-h);
-4. `MirostatLogitsWarper` (`mirostat=2`) or `MirostatV1LogitsWarper` (`mirostat=1`) last (before
+1. "penalties": `PresenceFrequencyPenaltyLogitsProcessor`, then `DRYLogitsProcessor`, right after HF's
+   repetition penalty; with `penalty_last_n` the presence/frequency processor also takes over
+   `repetition_penalty`, so both look at the same window (llama.cpp's `repeat_last_n`);
+2. "temperature": `DynamicTemperatureLogitsWarper` in place of `TemperatureLogitsWarper` (`dynatemp_range > 0`);
+   "after_temperature": `SmoothingLogitsWarper` and `TopNSigmaLogitsWarper` right after the temperature;
+3. "after_truncation": `XTCLogitsWarper` after HF's truncation warpers (top-k, top-p, min-p, typical, epsilon,
+   eta, top-h);
+4. "last": `MirostatLogitsWarper` (`mirostat=2`) or `MirostatV1LogitsWarper` (`mirostat=1`) last (before
    HF's watermarks and `LogitNormalization`, if any), or `AdaptivePLogitsWarper` (`adaptive_target >= 0`);
-5. `ThinkingBudgetLogitsProcessor` (`thinking_budget`) first (after HF's guidance, if any), as
+5. "first": `ThinkingBudgetLogitsProcessor` (`thinking_budget`) first (after HF's guidance, if any), as
    llama.cpp adds its reasoning budget first: the token it forces stays the only one left;
 6. `sampler_order` (llama.cpp's `--samplers`), last: the named samplers trade places
    (`_step/sampler_order.py`).
@@ -30,130 +32,25 @@ ValueError: `dry_base` must be >= 1.0, got 0.5.
 
 from __future__ import annotations
 
-import dataclasses
-import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._step import sampler_order
-from hfbridge.processors import (
-    AdaptivePLogitsWarper,
-    DRYLogitsProcessor,
-    DynamicTemperatureLogitsWarper,
-    MirostatLogitsWarper,
-    MirostatV1LogitsWarper,
-    PresenceFrequencyPenaltyLogitsProcessor,
-    SmoothingLogitsWarper,
-    ThinkingBudgetLogitsProcessor,
-    TopNSigmaLogitsWarper,
-    XTCLogitsWarper,
-)
-from hfbridge.processors._dry_breakers import compile_breakers
-from hfbridge.processors._rows import RowParam, described
-from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
+from hfbridge._step.option_checks import check_option_values
+from hfbridge._step.option_table import ROWS, OptionRow, community_rows
 
-__all__ = ["OPTIONS", "WARPER_OPTIONS", "add_processors", "carry_options", "check_community", "split_options"]
+__all__ = ["OPTIONS", "add_processors", "carry_options", "check_community", "split_options", "warper_options"]
+
+# The rows of hfbridge.processors' options: a live view of the registry.
+OPTIONS = community_rows()
 
 
-def _rows(**bounds: Any) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        RowParam(name, value, **bounds)
-    return check
-
-
-def _mirostat(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), "
-                        f"got {described(value)}.")
-    if value not in (0, 1, 2):
-        raise ValueError(f"`{name}` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {value!r}.")
-
-
-def _tag(name: str, value: Any, *, empty: bool = False) -> None:
-    # a string (tokenized with the tokenizer when the processor is built) or token ids
-    if isinstance(value, str):
-        if not value and not empty:
-            raise ValueError(f"`{name}` is an empty string.")
-        return
-    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
-            ("int", "uint")):
-        value = value.tolist()  # a tensor or numpy array of ids
-    if not isinstance(value, (list, tuple)) or not all(
-            isinstance(token, numbers.Integral) and not isinstance(token, bool) and int(token) >= 0 for token in value):
-        raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
-    if not value and not empty:
-        raise ValueError(f"`{name}` is empty: give at least one token id.")
-
-
-def _message(name: str, value: Any) -> None:
-    _tag(name, value, empty=True)
-
-
-def _breakers(name: str, value: Any) -> None:
-    # token-id sequences are compiled here; strings only checked (the tokenizer comes with the processor)
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"`{name}` must be a list of strings or of token-id sequences, got {described(value)}.")
-    for index, breaker in enumerate(value):
-        if isinstance(breaker, str):
-            if not breaker:
-                raise ValueError(f"`{name}[{index}]` is an empty string.")
-            continue
-        try:
-            compile_breakers([breaker], tokenizer=None)
-        except (TypeError, ValueError):
-            raise TypeError(f"`{name}[{index}]` must be a string or a non-empty sequence of token ids (ints >= 0), "
-                            f"got {described(breaker)}.") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class Option:
-    """One row of the table: the option's default, its check and the processor it configures."""
-
-    default: Any
-    check: Callable[[str, Any], None]
-    processor: type
-
-
-OPTIONS: dict[str, Option] = {
-    "presence_penalty": Option(0.0, _rows(), PresenceFrequencyPenaltyLogitsProcessor),
-    "frequency_penalty": Option(0.0, _rows(), PresenceFrequencyPenaltyLogitsProcessor),
-    "penalty_last_n": Option(None, _rows(integer=True, minimum=-1), PresenceFrequencyPenaltyLogitsProcessor),
-    "dry_multiplier": Option(0.0, _rows(minimum=0.0), DRYLogitsProcessor),
-    "dry_base": Option(1.75, _rows(minimum=1.0), DRYLogitsProcessor),
-    "dry_allowed_length": Option(2, _rows(integer=True, minimum=1), DRYLogitsProcessor),
-    "dry_penalty_last_n": Option(-1, _rows(integer=True, minimum=-1), DRYLogitsProcessor),
-    "dry_sequence_breakers": Option(DEFAULT_SEQUENCE_BREAKERS, _breakers, DRYLogitsProcessor),
-    "dynatemp_range": Option(0.0, _rows(minimum=0.0), DynamicTemperatureLogitsWarper),
-    "dynatemp_exponent": Option(1.0, _rows(above=0.0), DynamicTemperatureLogitsWarper),
-    "smoothing_factor": Option(0.0, _rows(minimum=0.0), SmoothingLogitsWarper),
-    "smoothing_curve": Option(1.0, _rows(minimum=1.0), SmoothingLogitsWarper),
-    "top_n_sigma": Option(None, _rows(above=0.0), TopNSigmaLogitsWarper),
-    "xtc_threshold": Option(0.1, _rows(above=0.0, maximum=1.0), XTCLogitsWarper),
-    "xtc_probability": Option(0.0, _rows(minimum=0.0, maximum=1.0), XTCLogitsWarper),
-    "mirostat": Option(0, _mirostat, MirostatLogitsWarper),
-    "mirostat_tau": Option(5.0, _rows(above=0.0), MirostatLogitsWarper),
-    "mirostat_eta": Option(0.1, _rows(above=0.0), MirostatLogitsWarper),
-    # -- mirostat 1.0 (`mirostat=1`, with `mirostat_tau` and `mirostat_eta` above) --
-    "mirostat_m": Option(100, _rows(integer=True, minimum=1), MirostatV1LogitsWarper),
-    # -- adaptive-p --
-    "adaptive_target": Option(-1.0, _rows(maximum=1.0), AdaptivePLogitsWarper),
-    "adaptive_decay": Option(0.9, _rows(minimum=0.0, maximum=0.99), AdaptivePLogitsWarper),
-    # -- a thinking budget (greedy or sampling) --
-    "thinking_budget": Option(None, _rows(integer=True, minimum=0), ThinkingBudgetLogitsProcessor),
-    "thinking_start": Option("<think>", _tag, ThinkingBudgetLogitsProcessor),
-    "thinking_end": Option("</think>", _tag, ThinkingBudgetLogitsProcessor),
-    "thinking_budget_message": Option(None, _message, ThinkingBudgetLogitsProcessor),
-    # -- the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling) --
-    "sampler_order": Option(None, sampler_order.check_order, type(None)),
-}
-
-# Options of the warpers: passing one means sampling, as HF's `temperature` or `top_p` does.
-WARPER_OPTIONS = tuple(name for name, row in OPTIONS.items() if row.processor in (
-    DynamicTemperatureLogitsWarper, SmoothingLogitsWarper, TopNSigmaLogitsWarper, XTCLogitsWarper,
-    MirostatLogitsWarper, MirostatV1LogitsWarper, AdaptivePLogitsWarper))
+def warper_options() -> tuple[str, ...]:
+    """The options of our warpers: passing one means sampling, as HF's `temperature` or `top_p` does."""
+    return tuple(name for name, row in OPTIONS.items() if row.sampling)
 
 
 def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -168,14 +65,7 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 def check_community(options: Mapping[str, Any], *, where: str = "") -> None:
     """Check every community option in `options` (None = not set); errors name the option."""
-    for name, value in options.items():
-        if name in OPTIONS and value is not None:
-            try:
-                OPTIONS[name].check(name, value)
-            except (TypeError, ValueError) as error:
-                if not where:
-                    raise
-                raise type(error)(f"{str(error).rstrip('.')} ({where}).") from None
+    check_option_values({name: value for name, value in options.items() if name in OPTIONS}, where=where)
 
 
 def carry_options(config: GenerationConfig, options: Mapping[str, Any], user_config: GenerationConfig | None) -> None:
@@ -197,78 +87,75 @@ def values(config: GenerationConfig) -> dict[str, Any]:
     return result
 
 
-def _active(value: Any, off: Callable[[Any], bool]) -> bool:
-    items = value.tolist() if isinstance(value, torch.Tensor) else value
-    items = items if isinstance(items, (list, tuple)) else [items]
-    return not all(off(v) for v in items)
-
-
-def _named(processor: Any, names: Mapping[str, str]) -> Any:
-    for attribute, option in names.items():  # per-row length errors at a step name the option
-        getattr(processor, attribute).name = option
+def _named(processor: Any, rows: list[OptionRow]) -> Any:
+    for row in rows:  # per-row length errors at a step name the option
+        param = getattr(processor, row.argument or "", None)
+        if param is not None and hasattr(param, "name"):
+            param.name = row.name
     return processor
 
 
+def _classes() -> dict[type, list[OptionRow]]:
+    """Each of our processor classes and its rows (its own, and those that also configure it), in the registry's
+    order."""
+    classes: dict[type, list[OptionRow]] = {}
+    for row in OPTIONS.values():
+        if row.processor is not None:
+            classes.setdefault(row.processor, []).append(row)
+    by_name = {kind.__name__: kind for kind in classes}
+    for row in OPTIONS.values():
+        for name in row.also_configures:
+            if name in by_name and row not in classes[by_name[name]]:
+                classes[by_name[name]].insert(0, row)
+    return classes
+
+
 def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = None,
-          prompt_length: int | None = None) -> dict[str, Any]:
-    """The processors the options on `config` ask for, by kind."""
+          prompt_length: int | None = None) -> dict[type, Any]:
+    """The processors the options on `config` ask for, by class (in the registry's order)."""
     v = values(config)
-    built: dict[str, Any] = {}
-    repetition = getattr(config, "repetition_penalty", None)
-    windowed = v["penalty_last_n"] is not None and repetition not in (None, 1.0)
-    if windowed or _active(v["presence_penalty"], lambda x: x == 0) or _active(v["frequency_penalty"],
-                                                                                lambda x: x == 0):
-        if v["penalty_last_n"] is None and prompt_length is None:
-            raise ValueError(
-                "`presence_penalty` and `frequency_penalty` count the generated tokens, so they need "
-                "`prompt_length=` (the prompt's length in tokens; generate() knows it); or pass `penalty_last_n=` "
-                "to count the last n tokens of input_ids, prompt included (-1 = all of them, llama.cpp's meaning)."
-            )
-        built["penalties"] = PresenceFrequencyPenaltyLogitsProcessor(
-            v["presence_penalty"], v["frequency_penalty"], v["penalty_last_n"], prompt_length,
-            repetition_penalty=repetition if windowed else 1.0)
-    if _active(v["dry_multiplier"], lambda x: x == 0):
-        try:
-            dry = DRYLogitsProcessor(v["dry_multiplier"], v["dry_base"], v["dry_allowed_length"],
-                                     v["dry_penalty_last_n"], v["dry_sequence_breakers"], tokenizer=tokenizer)
-        except (TypeError, ValueError) as error:
-            raise type(error)(str(error).replace("`sequence_breakers", "`dry_sequence_breakers")) from None
-        built["dry"] = _named(dry, {"multiplier": "dry_multiplier", "base": "dry_base",
-                                    "allowed_length": "dry_allowed_length", "penalty_last_n": "dry_penalty_last_n"})
-    if v["thinking_budget"] is not None:
-        built["thinking_budget"] = _thinking_budget(v, tokenizer, prompt_length)
-    if not config.do_sample:
-        return built
-    if _active(v["dynatemp_range"], lambda x: x == 0):
-        built["dynatemp"] = _named(DynamicTemperatureLogitsWarper(
-            config.temperature if config.temperature is not None else 1.0, v["dynatemp_range"],
-            v["dynatemp_exponent"]), {"range": "dynatemp_range", "exponent": "dynatemp_exponent"})
-    if _active(v["smoothing_factor"], lambda x: x == 0):
-        built["smoothing"] = _named(SmoothingLogitsWarper(v["smoothing_factor"], v["smoothing_curve"]),
-                                    {"factor": "smoothing_factor", "curve": "smoothing_curve"})
-    if v["top_n_sigma"] is not None:
-        built["top_n_sigma"] = _named(TopNSigmaLogitsWarper(v["top_n_sigma"]), {"n": "top_n_sigma"})
-    if _active(v["xtc_probability"], lambda x: x == 0):
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(
-                "`xtc_probability` draws one coin per row from one `generator`; a list of per-row generators "
-                "is not supported with XTC yet: pass one torch.Generator (or none, for the global RNG)."
-            )
-        built["xtc"] = _named(XTCLogitsWarper(v["xtc_threshold"], v["xtc_probability"], generator=generator),
-                              {"threshold": "xtc_threshold", "probability": "xtc_probability"})
-    if v["mirostat"] == 2:
-        built["mirostat"] = _named(MirostatLogitsWarper(v["mirostat_tau"], v["mirostat_eta"]),
-                                   {"tau": "mirostat_tau", "eta": "mirostat_eta"})
-    if v["mirostat"] == 1:
-        built["mirostat"] = _named(MirostatV1LogitsWarper(v["mirostat_tau"], v["mirostat_eta"], v["mirostat_m"]),
-                                   {"tau": "mirostat_tau", "eta": "mirostat_eta", "m": "mirostat_m"})
-    if _active(v["adaptive_target"], lambda x: x < 0):
-        if "mirostat" in built:
-            raise ValueError("`mirostat` and `adaptive_target` both choose the final token from a distribution of "
-                             "their own (llama.cpp runs one or the other): pass one of them.")
-        built["adaptive_p"] = _named(AdaptivePLogitsWarper(v["adaptive_target"], v["adaptive_decay"]),
-                                     {"target": "adaptive_target", "decay": "adaptive_decay"})
-    if v["sampler_order"] is not None and "mirostat" in built:
+    built: dict[type, Any] = {}
+    for kind, rows in _classes().items():
+        switches = [row for row in rows if row.switch]
+        on = any(row.active(v[row.name]) for row in switches)
+        if kind.__name__ == "PresenceFrequencyPenaltyLogitsProcessor":
+            on = on or _windowed(config, v)
+        elif kind.__name__ == "MirostatLogitsWarper":
+            on = v["mirostat"] == 2
+        elif kind.__name__ == "MirostatV1LogitsWarper":
+            on = v["mirostat"] == 1
+        if not on or (any(row.sampling for row in rows) and not config.do_sample):
+            continue
+        arguments = {row.argument: v[row.name] for row in rows if row.argument}
+        needs = {need for row in rows for need in row.needs}
+        if "tokenizer" in needs:
+            arguments["tokenizer"] = tokenizer
+        if "prompt_length" in needs:
+            arguments["prompt_length"] = prompt_length
+        if "temperature" in needs:
+            arguments["temperature"] = config.temperature if config.temperature is not None else 1.0
+        if "generator" in needs:
+            if generator is not None and not isinstance(generator, torch.Generator):
+                name = next(row.name for row in switches)
+                short = kind.__name__.removesuffix("LogitsWarper").removesuffix("LogitsProcessor")
+                raise ValueError(
+                    f"`{name}` draws one coin per row from one `generator`; a list of per-row generators "
+                    f"is not supported with {short} yet: pass one torch.Generator (or none, for the global "
+                    "RNG)."
+                )
+            arguments["generator"] = generator
+        if kind.__name__ == "PresenceFrequencyPenaltyLogitsProcessor":
+            _penalty_arguments(config, v, arguments, prompt_length)
+        if kind.__name__ == "ThinkingBudgetLogitsProcessor":
+            built[kind] = _named(_thinking_budget(kind, arguments, tokenizer), rows)
+            continue
+        built[kind] = _named(kind(**arguments), rows)
+    kinds = {kind.__name__ for kind in built}
+    if "AdaptivePLogitsWarper" in kinds and kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}:
+        raise ValueError("`mirostat` and `adaptive_target` both choose the final token from a distribution of "
+                         "their own (llama.cpp runs one or the other): pass one of them.")
+    mirostat = kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}
+    if getattr(config, "sampler_order", None) is not None and mirostat:
         raise ValueError("`sampler_order` orders llama.cpp's sampler chain, which `mirostat` replaces (llama.cpp "
                          "ignores the order then): pass one of them.")
     return built
@@ -278,11 +165,9 @@ _THINKING_NAMES = {"`budget": "`thinking_budget", "`start_ids": "`thinking_start
                    "`message_ids": "`thinking_budget_message"}
 
 
-def _thinking_budget(v: Mapping[str, Any], tokenizer: Any, prompt_length: int | None) -> ThinkingBudgetLogitsProcessor:
+def _thinking_budget(kind: type, arguments: dict[str, Any], tokenizer: Any) -> Any:
     try:
-        budget = ThinkingBudgetLogitsProcessor(v["thinking_budget"], v["thinking_start"], v["thinking_end"],
-                                               v["thinking_budget_message"], tokenizer=tokenizer,
-                                               prompt_length=prompt_length)
+        return kind(**arguments)
     except (TypeError, ValueError) as error:
         text = str(error)
         for old, new in _THINKING_NAMES.items():
@@ -290,14 +175,29 @@ def _thinking_budget(v: Mapping[str, Any], tokenizer: Any, prompt_length: int | 
         if tokenizer is None and "tokenizer=" in text:
             text = text.rstrip(".") + " (the default tags are the strings '<think>' and '</think>')."
         raise type(error)(text) from None
-    return _named(budget, {"budget": "thinking_budget"})
+
+
+def _windowed(config: GenerationConfig, v: Mapping[str, Any]) -> bool:
+    repetition = getattr(config, "repetition_penalty", None)
+    return v["penalty_last_n"] is not None and repetition not in (None, 1.0)
+
+
+def _penalty_arguments(config: GenerationConfig, v: Mapping[str, Any], arguments: dict[str, Any],
+                       prompt_length: int | None) -> None:
+    if v["penalty_last_n"] is None and prompt_length is None:
+        raise ValueError(
+            "`presence_penalty` and `frequency_penalty` count the generated tokens, so they need "
+            "`prompt_length=` (the prompt's length in tokens; generate() knows it); or pass `penalty_last_n=` "
+            "to count the last n tokens of input_ids, prompt included (-1 = all of them, llama.cpp's meaning)."
+        )
+    arguments["repetition_penalty"] = config.repetition_penalty if _windowed(config, v) else 1.0
 
 
 _BEFORE_PENALTIES = ("UnbatchedClassifierFreeGuidanceLogitsProcessor", "SequenceBiasLogitsProcessor",
                      "EncoderRepetitionPenaltyLogitsProcessor", "RepetitionPenaltyLogitsProcessor")
-_TRUNCATION = ("TopHLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-               "EpsilonLogitsWarper", "EtaLogitsWarper")
-_WARPERS = ("TemperatureLogitsWarper", *_TRUNCATION)
+# HF's warpers, from the registry's HF rows: the temperature, then the truncation warpers (top-k, top-p, ...).
+_WARPERS = tuple(row.processor for row in ROWS.values() if row.sampling and not row.community)
+_TRUNCATION = tuple(name for name in _WARPERS if name != "TemperatureLogitsWarper")
 _TAIL = ("WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor", "LogitNormalization")
 
 
@@ -311,18 +211,22 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
             processors[:] = sampler_order.apply_order(list(processors), order)
         return processors
     for processor in processors:
-        kind = next((k for k, p in built.items() if type(p) is type(processor)), None)
-        if kind is not None:
+        if type(processor) in built:
             raise ValueError(
                 f"`processors=` holds a {type(processor).__name__} and the options ask for one too; pass one of them.")
     items = list(processors)
+    place = {kind: rows[0].place for kind, rows in _classes().items()}
+    by_place: dict[str, list[Any]] = {}
+    for kind, processor in built.items():
+        by_place.setdefault(place[kind], []).append(processor)
 
     def names() -> list[str]:
         return [type(p).__name__ for p in items]
 
-    penalties = [built[k] for k in ("penalties", "dry") if k in built]
+    penalties = by_place.get("penalties", [])
     if penalties:
-        if "penalties" in built and built["penalties"].repetition_penalty.any(lambda x: x != 1.0):
+        if any(getattr(p, "repetition_penalty", None) is not None and p.repetition_penalty.any(lambda x: x != 1.0)
+               for p in penalties):
             items = [p for p in items if type(p).__name__ != "RepetitionPenaltyLogitsProcessor"]
         anchor = [i for i, n in enumerate(names()) if n in _BEFORE_PENALTIES]
         at = anchor[-1] + 1 if anchor else 0
@@ -333,26 +237,23 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
 
     warpers = [i for i, n in enumerate(names()) if n in _WARPERS]
     temperature = next((i for i, n in enumerate(names()) if n == "TemperatureLogitsWarper"), None)
-    if "dynatemp" in built:
+    for replacement in by_place.get("temperature", []):
         if temperature is not None:
-            items[temperature] = built["dynatemp"]
+            items[temperature] = replacement
         else:
             temperature = warpers[0] if warpers else tail()
-            items.insert(temperature, built["dynatemp"])
+            items.insert(temperature, replacement)
     at = temperature + 1 if temperature is not None else (warpers[0] if warpers else tail())
-    after_temperature = [built[k] for k in ("smoothing", "top_n_sigma") if k in built]
+    after_temperature = by_place.get("after_temperature", [])
     items[at:at] = after_temperature
-    if "xtc" in built:
-        truncation = [i for i, n in enumerate(names()) if n in _TRUNCATION]
-        place = truncation[-1] + 1 if truncation else at + len(after_temperature)
-        items.insert(place, built["xtc"])
-    if "mirostat" in built:
-        items.insert(tail(), built["mirostat"])
-    if "adaptive_p" in built:  # last: it chooses from the final distribution (llama.cpp)
-        items.insert(tail(), built["adaptive_p"])
-    if "thinking_budget" in built:  # first, as llama.cpp's: what it forces, the others keep
-        guidance = [i for i, n in enumerate(names()) if n == "UnbatchedClassifierFreeGuidanceLogitsProcessor"]
-        items.insert(guidance[-1] + 1 if guidance else 0, built["thinking_budget"])
+    truncation = [i for i, n in enumerate(names()) if n in _TRUNCATION]
+    where = truncation[-1] + 1 if truncation else at + len(after_temperature)
+    items[where:where] = by_place.get("after_truncation", [])
+    end = tail()
+    items[end:end] = by_place.get("last", [])
+    guidance = [i for i, n in enumerate(names()) if n == "UnbatchedClassifierFreeGuidanceLogitsProcessor"]
+    first = guidance[-1] + 1 if guidance else 0  # first, as llama.cpp's reasoning budget: what it forces stays
+    items[first:first] = by_place.get("first", [])
     if order is not None:
         items = sampler_order.apply_order(items, order)
     processors[:] = items

@@ -7,11 +7,19 @@ goes (`top_k=True` is 1 to Python, a crash to torch), NaN (`top_p=nan` compares 
 everything, so HF's range checks pass it), empty or ill-typed token-id lists (`eos_token_id=[]`).
 Each error names the option, what came and what was expected.
 
+`check_option_values` is the one check of a dict of options from any source (keywords, a passed
+`GenerationConfig`, a model's own `generation_config`): the registry's rows (`option_table.ROWS`: the
+sampling options, HF's and the community samplers') by their row, the others here.
+
 >>> check_options({"top_k": 40, "do_sample": True})
 >>> check_options({"do_sample": "False"})
 Traceback (most recent call last):
 ...
 TypeError: `do_sample` must be a bool (True or False), got str 'False'.
+>>> check_option_values({"mirostat": 3}, where="in `generation_config`")
+Traceback (most recent call last):
+...
+ValueError: `mirostat` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got 3 (in `generation_config`).
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hfbridge._step.option_table import ROWS
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
+from hfbridge.processors._rows import plain
 
-__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_number", "check_options",
+__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_number", "check_option_values", "check_options",
            "check_token_ids_in_vocab", "did_you_mean", "got", "is_int", "token_id_options"]
 
 # Options read as flags: a bool or None.
@@ -31,14 +41,17 @@ _FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_di
           "output_logits", "output_attentions", "output_hidden_states", "use_cache")
 
 # Options read as counts: an int (not a bool) >= the minimum; None leaves the range to HF's own check.
-_COUNTS = {"top_k": None, "no_repeat_ngram_size": None, "min_length": 0, "min_new_tokens": 0, "max_length": 1,
+_COUNTS = {"min_length": 0, "min_new_tokens": 0, "max_length": 1,
            "max_new_tokens": 1, "num_return_sequences": 1, "num_beams": 1, "num_beam_groups": 1}
 
 # Options read as numbers: finite reals (not bools); the ranges are HF's (checked in `_processors`)
-# except where HF has none.
-_NUMBERS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h",
-            "repetition_penalty", "guidance_scale", "max_time")
+# except where HF has none. The sampling options (`temperature`, `top_k`, ...) are the registry's rows
+# (`option_table.ROWS`), checked there.
+_NUMBERS = ("guidance_scale", "max_time")
 _POSITIVE = ("max_time",)  # HF stops at once for max_time <= 0 without a word
+
+# The registry's HF rows (`temperature`, `top_k`, `repetition_penalty`, ...): checked by their row.
+HF_ROWS = tuple(name for name, row in ROWS.items() if not row.community)
 
 # Options holding token ids, and their shape: one id, one id or a non-empty list, a list of ids.
 _ONE_ID = ("pad_token_id", "bos_token_id", "forced_bos_token_id")
@@ -46,11 +59,12 @@ _ONE_OR_MORE_IDS = ("eos_token_id", "forced_eos_token_id")
 _ID_LISTS = ("suppress_tokens", "begin_suppress_tokens")
 
 
-# Options holding token ids (checked against the vocabulary at the first step).
-TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "sequence_bias")
+# Options holding token ids (checked against the vocabulary at the first step); DRY's breakers may be
+# strings too (those are found in the tokenizer's vocabulary).
+TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "sequence_bias", "dry_sequence_breakers")
 
 # Every option `check_options` knows (a prepared config is checked on these names).
-CHECKED_OPTIONS = (*_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
+CHECKED_OPTIONS = (*HF_ROWS, *_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
                    "sequence_bias", "exponential_decay_length_penalty", "stop_strings", "watermarking_config")
 
 
@@ -71,7 +85,9 @@ def check_options(options: Mapping[str, Any]) -> None:
     for name, value in options.items():
         if value is None:
             continue
-        if name in _FLAGS:
+        if name in ROWS:
+            ROWS[name].check_value(value)
+        elif name in _FLAGS:
             check_flag(name, value)
         elif name in _COUNTS:
             check_count(name, value, _COUNTS[name])
@@ -97,6 +113,24 @@ def check_options(options: Mapping[str, Any]) -> None:
             check_watermarking_config(value)
 
 
+def check_option_values(options: Mapping[str, Any], *, where: str = "") -> None:
+    """Check every option in `options` (None = not set), from any source; errors name the public option.
+
+    The registry's rows (`option_table.ROWS`) are checked (one value, or one per row for a per-row option); every other
+    option goes to `option_checks.check_options` (flags, counts, token ids, ...). `where` is added to
+    the message, e.g. "in `generation_config`".
+    """
+    try:
+        for name, value in options.items():
+            if value is None:
+                continue
+            check_options({name: plain(value)})  # a registry row's own check, or HF's other options' checks
+    except (TypeError, ValueError) as error:
+        if not where:
+            raise
+        raise type(error)(f"{str(error).rstrip('.')} ({where}).") from None
+
+
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
     """Every `(option, token id)` pair in `options`, for the vocabulary check at the first step.
 
@@ -113,6 +147,9 @@ def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
             pairs += [(name, int(token)) for sequence, _ in items for token in sequence]
         elif name == "bad_words_ids":
             pairs += [(name, int(token)) for sequence in value for token in sequence]
+        elif name == "dry_sequence_breakers":
+            pairs += [(name, int(token)) for sequence in value if not isinstance(sequence, str)
+                      for token in (sequence.tolist() if hasattr(sequence, "tolist") else sequence)]
         elif is_int(value):
             pairs.append((name, int(value)))
         else:
@@ -229,7 +266,7 @@ def _check_stop_strings(value: Any) -> None:
             raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {got(item)}.")
 
 
-# ---- the options of beam search and assisted / prompt-lookup decoding (issue 17) ----
+# ---- the options of beam search and assisted / prompt-lookup decoding ----
 # HF's loops read these without checking them: `length_penalty="2"` failed after the first model call,
 # `nan` gave meaningless beams, `num_assistant_tokens=inf` an OverflowError inside the draft loop.
 

@@ -1,15 +1,17 @@
-"""One value per row: HF's numeric options given as a list, a tuple or a 1-D tensor of length B.
+"""One value per row: the registry's per-row options (HF's numeric options and the community samplers')
+given as a list, a tuple, a 1-D tensor or a NumPy array of length B.
 
-Each row's scores are, bit for bit, those of HF's own processors built with that row's scalar
-values and applied to that row alone. How:
+Each row's scores are, bit for bit, those of the processors (HF's, and `hfbridge.processors`') built
+with that row's scalar values and applied to that row alone. How:
 
 1. `split_per_row` takes the per-row options out of the keyword arguments (checking each value,
    naming the option and the row) and leaves a representative value in their place, one that
    makes HF build the option's processor, so that HF's own list (`template`) holds every class
    some row needs, in HF's order.
 2. `PerRowValues.plan` groups the rows by their combination of values (a temperature of 0 makes a
-   row greedy: HF's list without its sampling warpers, then the argmax) and builds HF's list for
-   each group's scalars (`RowPlan.build`).
+   row greedy: the list without any sampling warper, HF's or ours, then the argmax) and builds the
+   list for each group's scalars (`RowPlan.build`); a processor that keeps state per row (mirostat)
+   is its own instance in each group.
 3. Where a group's list differs from the template (the per-row options' classes, and the sampling
    warpers a greedy row lacks), the template's processor is replaced by a `PerRowProcessor`,
    which runs each group's own HF instance on that group's rows (or leaves them as they are when
@@ -36,8 +38,6 @@ ValueError: `top_p[1]` (row 1) must be a finite number, got nan.
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,28 +46,12 @@ import torch
 from transformers import GenerationConfig
 
 from hfbridge._step.build_processors import _check_values as check_values
-from hfbridge._step.value_checks import got
+from hfbridge._step.option_table import ROWS, per_row_options, plain_options, sampling_options, sampling_processors
+from hfbridge.processors._rows import RowParam, rows_mismatch
+from hfbridge.processors._stateful import is_stateful
 
-__all__ = ["PER_ROW_OPTIONS", "PerRowProcessor", "PerRowTemperature", "PerRowValues", "RowPlan", "split_per_row"]
+__all__ = ["PerRowProcessor", "PerRowTemperature", "PerRowValues", "RowPlan", "split_per_row"]
 
-# option -> (the HF class it configures, int option, the value that builds no processor: None for "always one")
-PER_ROW_OPTIONS: dict[str, tuple[str, bool, Any]] = {
-    "temperature": ("TemperatureLogitsWarper", False, 1.0),
-    "top_k": ("TopKLogitsWarper", True, 0),
-    "top_p": ("TopPLogitsWarper", False, 1.0),
-    "min_p": ("MinPLogitsWarper", False, None),
-    "typical_p": ("TypicalLogitsWarper", False, 1.0),
-    "epsilon_cutoff": ("EpsilonLogitsWarper", False, 0.0),
-    "eta_cutoff": ("EtaLogitsWarper", False, 0.0),
-    "top_h": ("TopHLogitsWarper", False, None),
-    "repetition_penalty": ("RepetitionPenaltyLogitsProcessor", False, 1.0),
-    "no_repeat_ngram_size": ("NoRepeatNGramLogitsProcessor", True, 0),
-}
-
-# HF's sampling warpers: a greedy row (temperature 0) has none of them.
-_WARPERS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
-            "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper")
-_SAMPLING_NAMES = ("temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_h")
 _DEFAULTS = GenerationConfig()
 
 
@@ -78,15 +62,18 @@ def _is_sequence(value: Any) -> bool:
 def split_per_row(options: Mapping[str, Any]) -> tuple[dict[str, Any], PerRowValues | None]:
     """`(scalar options, PerRowValues or None)`: the per-row options checked and taken out.
 
-    A per-row option keeps a representative value among the scalars (one that builds its HF
-    processor when some row needs it). A 0-d tensor is read as a scalar. Raises `TypeError` /
-    `ValueError` naming the option and the row for a non-number, NaN, inf, a bool, an empty list
-    or a tensor of more than one axis.
+    Every option of the registry that takes one value per row (`option_table.per_row_options`), HF's
+    and `hfbridge.processors`' alike, may be a list, a tuple, a 1-D tensor or a NumPy array. A per-row
+    option keeps a representative value among the scalars (one that builds its processor when some
+    row needs it). A 0-d tensor or a NumPy scalar is read as a scalar. Raises `TypeError` /
+    `ValueError` naming the option and the row for a non-number, NaN, inf, a bool, an empty list or a
+    tensor of more than one axis.
     """
-    scalars = dict(options)
+    scalars = plain_options(options)  # NumPy values are numbers
     values: dict[str, tuple] = {}
-    for name, value in options.items():
-        if name not in PER_ROW_OPTIONS or value is None:
+    per_row = per_row_options()
+    for name, value in list(scalars.items()):
+        if name not in per_row or value is None:
             continue
         if isinstance(value, torch.Tensor) and value.ndim == 0:
             scalars[name] = value.item()  # read once, when the options are set
@@ -103,35 +90,20 @@ def split_per_row(options: Mapping[str, Any]) -> tuple[dict[str, Any], PerRowVal
     for name, row_values in values.items():
         representative = _representative(name, row_values)
         # every row off (or greedy): the value that builds nothing, still an option passed (sampling is on)
-        scalars[name] = PER_ROW_OPTIONS[name][2] if representative is None else representative
+        scalars[name] = ROWS[name].off if representative is None else representative
     return scalars, PerRowValues(rows.pop(), values)
 
 
 def _checked_values(name: str, value: Any) -> tuple:
-    if isinstance(value, torch.Tensor):
-        if value.ndim != 1 or value.is_complex() or value.dtype == torch.bool:
-            raise TypeError(f"`{name}` must be a number or one number per row (a list, a tuple or a 1-D tensor), "
-                            f"got a {value.dtype} tensor of shape {tuple(value.shape)}.")
-        value = value.tolist()  # read once, when the options are set
-    if len(value) == 0:
-        raise ValueError(f"`{name}` is empty; pass a number, or one number per row.")
-    is_int = PER_ROW_OPTIONS[name][1]
-    checked = []
-    for row, item in enumerate(value):
-        label = f"`{name}[{row}]` (row {row})"
-        if isinstance(item, bool) or not isinstance(item, numbers.Integral if is_int else numbers.Real):
-            raise TypeError(f"{label} must be {'an int' if is_int else 'a number'}, got {got(item)}.")
-        if not math.isfinite(item):
-            raise ValueError(f"{label} must be a finite number, got {item!r}.")
-        if name == "temperature" and item < 0:
-            raise ValueError(f"{label} must be >= 0 (0 is greedy), got {item!r}.")
-        checked.append(int(item) if is_int else float(item))  # type: ignore[call-overload]
-    return tuple(checked)
+    """The one parser of "one value per row" (`hfbridge.processors`' `RowParam`), with the row's own checks."""
+    row = ROWS[name]
+    row.check_value(value)  # the option's own check, naming the option and the row
+    return RowParam(name, value, integer=row.integer).values
 
 
 def _representative(name: str, row_values: Sequence) -> Any:
-    """A row's value that builds the option's HF processor, or None when no row needs one."""
-    off = PER_ROW_OPTIONS[name][2]
+    """A row's value that builds the option's processor, or None when no row needs one."""
+    off = ROWS[name].off
     for value in row_values:
         if value != off and not (name == "temperature" and value == 0):
             return value
@@ -153,9 +125,7 @@ class PerRowValues:
     def check_rows(self, rows: int, *, what: str = "the step has") -> None:
         """`ValueError` unless there is one value per row."""
         if rows != self.rows:
-            name = next(iter(self.values))
-            raise ValueError(f"`{name}` has {self.rows} values, one per row, but {what} {rows} rows; pass one "
-                             "value per row, or a single number for every row.")
+            raise rows_mismatch(next(iter(self.values)), self.rows, rows, what)
 
     def plan(self, config: GenerationConfig) -> RowPlan:
         """Group the rows for `config` (prepared from the scalars of `split_per_row`)."""
@@ -176,8 +146,8 @@ class PerRowValues:
                     continue  # greedy: HF's default temperature, never read
                 setattr(group, name, value)
             group.do_sample = sample
-            if not sample:  # a greedy row: HF's defaults for the warpers it never builds (and no warning)
-                for name in _SAMPLING_NAMES:
+            if not sample:  # a greedy row: the defaults of the warpers it never builds (and no warning)
+                for name in sampling_options():
                     if hasattr(group, name):
                         setattr(group, name, getattr(_DEFAULTS, name, None))
             _check_group(group, rows)
@@ -206,7 +176,8 @@ class RowPlan:
     names: list[str]
     group_keys: list[tuple] = field(default_factory=list)  # each group's values, in the order of `names`
     lists: list[list] = field(default_factory=list)  # each group's full processor list, after `build`
-    positions: list[tuple[str, Any]] = field(default_factory=list)  # the template's places, after `build`
+    # the template's places, after `build`: (kind, the shared processor or the temperatures, each group's part)
+    positions: list[tuple[str, Any, list]] = field(default_factory=list)
     indices: list[torch.Tensor] = field(default_factory=list)  # each group's rows, on the device
 
     @property
@@ -221,17 +192,21 @@ class RowPlan:
         """
         self.indices = [torch.tensor(rows, dtype=torch.long, device=device) for _, rows in self.groups]
         own = [build_list(config) for config, _ in self.groups]
-        varying = {PER_ROW_OPTIONS[name][0] for name in self.names}
+        varying = {kind for name in self.names for kind in ROWS[name].classes}
         if not all(self.samples):
-            varying.update(_WARPERS)
+            varying.update(sampling_processors())
         merged: list = []
         self.lists = [[] for _ in self.groups]
         self.positions = []
         for processor in template:
             kind = type(processor).__name__
+            if kind not in varying and is_stateful(processor):  # one state per group: its own instance
+                parts = [next((p for p in group_list if type(p) is type(processor)), None) for group_list in own]
+                if not all(part is processor for part in parts):
+                    varying.add(kind)
             if kind not in varying:
                 merged.append(processor)
-                self.positions.append(("shared", processor))
+                self.positions.append(("shared", processor, []))
                 for group_list in self.lists:
                     group_list.append(processor)
                 continue
@@ -242,20 +217,33 @@ class RowPlan:
             if kind == "TemperatureLogitsWarper" and device.type in _TEMPERATURE_DEVICES:
                 divisors = self._temperatures(parts)  # [N, 1], on CPU (the fast groups use it on CPU only)
                 merged.append(PerRowTemperature(divisors, device))
-                self.positions.append(("temperature", divisors))
+                self.positions.append(("temperature", divisors, parts))
             else:
                 merged.append(PerRowProcessor(kind, list(zip(parts, self.indices)), self.rows))
-                self.positions.append(("parts", parts))
+                self.positions.append(("parts", parts, parts))
         return merged
 
-    def fast_groups(self, device: torch.device) -> list[tuple[list[int], torch.Tensor, list, bool]]:
-        """`(rows, (n,) index, processors, samples)` per fast draw: on CPU, rows whose values differ only in
-        temperature share one, with a `(n, 1)` temperature the fast path divides by (the same bits as
-        HF's division, see `PerRowTemperature`); elsewhere one per group, with its own HF list.
+    def group_tail(self, number: int, start: int) -> list:
+        """Group `number`'s own processors from the template's place `start` on (its whole chain's tail)."""
+        processors = []
+        for kind, held, parts in self.positions[start:]:
+            if kind == "shared":
+                processors.append(held)
+            elif parts[number] is not None:
+                processors.append(parts[number])
+        return processors
+
+    def fast_groups(self, device: torch.device, start: int = 0) -> list[tuple[list[int], torch.Tensor, list, bool]]:
+        """`(rows, (n,) index, processors, samples)` per fast draw, the processors from the template's place
+        `start` on: on CPU, rows whose values differ only in temperature share one, with a `(n, 1)`
+        temperature the fast path divides by (the same bits as HF's division, see `PerRowTemperature`);
+        elsewhere, or when a processor keeps state per row, one per group, with its own HF list.
         """
-        if device.type != "cpu" or not any(kind == "temperature" for kind, _ in self.positions):
-            return [(rows, index, own, self.samples[rows[0]])
-                    for (_, rows), index, own in zip(self.groups, self.indices, self.lists)]
+        stateful = any(is_stateful(part) for kind, _, parts in self.positions[start:] for part in parts
+                       if kind != "shared" and part is not None)
+        if device.type != "cpu" or stateful or not any(kind == "temperature" for kind, _, _ in self.positions[start:]):
+            return [(rows, index, self.group_tail(number, start), self.samples[rows[0]])
+                    for number, ((_, rows), index) in enumerate(zip(self.groups, self.indices))]
         skip = self.names.index("temperature") if "temperature" in self.names else None
         merged: dict[tuple, list[int]] = {}  # key without the temperature -> the groups it joins
         for number, (_, rows) in enumerate(self.groups):
@@ -268,7 +256,7 @@ class RowPlan:
             index = torch.tensor(rows, dtype=torch.long, device=device)
             first, samples = joined[0], self.samples[rows[0]]
             processors = []
-            for kind, held in self.positions:
+            for kind, held, _ in self.positions[start:]:
                 if kind == "shared":
                     processors.append(held)
                 elif kind == "parts" and held[first] is not None:

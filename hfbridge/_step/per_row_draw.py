@@ -17,14 +17,16 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge._step.per_row import PerRowValues, RowPlan
+from hfbridge._step.per_row import PerRowProcessor, PerRowValues, RowPlan
 from hfbridge._step.routes import greedy_choice
+from hfbridge.processors._stateful import is_stateful
 
 __all__ = ["Generators", "GroupedDraw", "RowState", "Unit", "check_generators", "choose_rows", "fast_rows"]
 
@@ -170,7 +172,8 @@ class RowState:
         self.values, self.plan = values, plan
         self._memos: dict[int, dict[str, Any]] = {}
         self._samples: torch.Tensor | None = None
-        self._fast: tuple[torch.device, list] | None = None  # the plan's fast groups, for one device
+        self._fast: tuple[tuple[torch.device, int], list] | None = None  # the plan's fast groups, for one device
+        self.copies: dict[tuple, tuple[Any, int]] = {}  # (row, id of the original) -> (the row's own copy, the row)
 
     def check(self, rows: int, generator: Generators) -> None:
         """One value (and one generator) per row: `ValueError` unless the step has that many rows."""
@@ -180,25 +183,73 @@ class RowState:
             raise ValueError(f"`generator` is a list of {len(generator)} generators, one per row, but the "
                              f"step has {rows} rows; pass one generator per row, or a single generator.")
 
-    def units(self, processors: Any, generator: Generators, n: int, device: torch.device) -> list[Unit]:
-        """The fast path's parts: one per group of rows, or one per row with a generator per row."""
+    def units(self, processors: Any, generator: Generators, n: int, device: torch.device, start: int = 0) -> list[Unit]:
+        """The fast path's parts: one per group of rows, or one per row with a generator per row.
+
+        Each part runs the processors from place `start` of the chain on (the places before it ran once,
+        on the whole batch): its group's own, and with a generator per row, a copy of each processor that
+        keeps state per row for that row alone (`copies`).
+        """
         plan, memos = self.plan, self._memos
         if plan is None:  # one generator per row, the same options
             assert isinstance(generator, (list, tuple))
-            return [(torch.tensor([row], device=device), [row], processors, True, generator[row],
+            tail = list(processors)[start:]
+            return [(torch.tensor([row], device=device), [row], self._own(row, tail, start), True, generator[row],
                      memos.setdefault(row, {})) for row in range(n)]
         units: list[Unit] = []
         if isinstance(generator, (list, tuple)):  # each row alone, with its memo (its own history)
-            for (_, rows), index, own in zip(plan.groups, plan.indices, plan.lists):
-                listed = LogitsProcessorList(own)
-                units += [(index[j:j + 1], [row], listed, plan.samples[row], generator[row], memos.setdefault(row, {}))
-                          for j, row in enumerate(rows)]
+            for number, ((_, rows), index) in enumerate(zip(plan.groups, plan.indices)):
+                tail = plan.group_tail(number, start)
+                units += [(index[j:j + 1], [row], self._own(row, tail, start), plan.samples[row], generator[row],
+                           memos.setdefault(row, {})) for j, row in enumerate(rows)]
             return units
-        if self._fast is None or self._fast[0] != device:
-            self._fast = (device, plan.fast_groups(device))
+        if self._fast is None or self._fast[0] != (device, start):
+            self._fast = ((device, start), plan.fast_groups(device, start))
         for group, (rows, index, own, samples) in enumerate(self._fast[1]):
             units.append((index, rows, LogitsProcessorList(own), samples, generator, memos.setdefault(-1 - group, {})))
         return units
+
+    def _own(self, row: int, tail: list, start: int) -> LogitsProcessorList:
+        """`tail` with `row`'s own copy of each processor that keeps state per row (`per_row_copies`)."""
+        del start
+        own = []
+        for processor in tail:
+            by_row = getattr(processor, "by_row", None)
+            if by_row is not None:  # the chain's per-row copies: this row's
+                processor = by_row[row]
+            elif is_stateful(processor):
+                processor = self._copy(row, processor)
+            own.append(processor)
+        return LogitsProcessorList(own)
+
+    def _copy(self, row: int, processor: Any) -> Any:
+        key = (row, id(processor))
+        if key not in self.copies:
+            copied = copy.deepcopy(processor)
+            copied.reset()
+            self.copies[key] = (copied, row)
+        return self.copies[key][0]
+
+    def per_row_copies(self, processors: list, rows: int) -> list:
+        """`processors` with each processor that keeps state per row (alone, or a group's part) replaced by
+        one copy per row, run on that row alone: with a generator per row the fast path draws each row
+        alone, and the chain (exact mode, `explain`) then steps the very same copies."""
+        result = []
+        for processor in processors:
+            parts = getattr(processor, "parts", None)
+            if is_stateful(processor):
+                owners = [(processor, list(range(rows)))]
+            elif parts is not None and any(part is not None and is_stateful(part) for part, _ in parts):
+                owners = [(part, index.tolist()) for part, index in parts if part is not None]
+            else:
+                result.append(processor)
+                continue
+            by_row = {row: self._copy(row, owner) for owner, owned in owners for row in owned}
+            name = type(owners[0][0]).__name__
+            split = PerRowProcessor(name, [(by_row[row], torch.tensor([row])) for row in sorted(by_row)], rows)
+            split.by_row = by_row  # type: ignore[attr-defined]
+            result.append(split)
+        return result
 
     def samples_on(self, device: torch.device) -> torch.Tensor | None:
         """`(rows,)` bool, True where a row samples; None when every row does."""

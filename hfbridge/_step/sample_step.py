@@ -11,7 +11,6 @@ vocabulary width and device (`_reusable_sampler`).
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -101,8 +100,7 @@ def sample_step(
         sampler = _reusable_sampler(logits, options)
         if sampler is not None:
             if generator is not None:
-                sampler = copy.copy(sampler)  # the cached one keeps no generator
-                sampler._setup_generator(generator)
+                sampler = sampler.with_generator(generator)  # the cached one keeps no generator
             return sampler(logits, input_ids)
     sampler = Sampler(generation_config, processors=processors, generator=generator,
                       attention_mask=attention_mask, **options)
@@ -124,7 +122,8 @@ def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler 
 
     Only plain option values are cached (numbers, strings, lists, dicts, tuples); the processors
     built for them keep nothing between calls but tensors sized by the vocabulary and device,
-    which are part of the key. Returns None when the options cannot be a key. The cache holds
+    which are part of the key. A Sampler whose processors keep state per row (mirostat) is never
+    cached: every `sample_step` call starts afresh. Returns None when the options cannot be a key. The cache holds
     at most `_SAMPLER_CACHE_SIZE` samplers, least recently used out first.
     """
     layout = options.get("layout")
@@ -143,6 +142,8 @@ def _reusable_sampler(logits: torch.Tensor, options: dict[str, Any]) -> Sampler 
             _SAMPLER_CACHE.move_to_end(key)
             return sampler
     sampler = Sampler(**options)
+    if sampler.is_stateful:
+        return sampler  # mirostat keeps state per row: each call starts afresh, with its own Sampler
     with _SAMPLER_CACHE_LOCK:
         _SAMPLER_CACHE[key] = sampler
         while len(_SAMPLER_CACHE) > _SAMPLER_CACHE_SIZE:

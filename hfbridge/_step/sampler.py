@@ -19,7 +19,8 @@ from hfbridge._step.build_processors import make_generation_config, processors_f
 from hfbridge._step.guidance import checked_unconditional
 from hfbridge._step.inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
-from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab
+from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
+from hfbridge._step.option_table import per_row_options
 from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
@@ -27,10 +28,11 @@ from hfbridge._step.processor_list import CheckedProcessorList, processor_name
 from hfbridge._step.routes import greedy_choice
 from hfbridge._step.row_errors import invalid_rows_error
 from hfbridge._step.sampler_inputs import StepInputs
+from hfbridge._step.sampler_state import SamplerState, first_warper, replayed
 from hfbridge.processors._host import owned_scores
 
 
-class Sampler(StepInputs):
+class Sampler(SamplerState, StepInputs):
     """HF's decoding step built once and applied to many steps.
 
     Args:
@@ -96,6 +98,11 @@ class Sampler(StepInputs):
         tokenizer: Any = None,
         **generation_kwargs: Any,
     ):
+        for name in per_row_options():  # one value per row in a passed config rides the same per-row groups
+            value = getattr(generation_config, name, None) if generation_config is not None else None
+            if name not in generation_kwargs and (isinstance(value, (list, tuple)) or bool(getattr(value, "ndim", 0))):
+                check_option_values({name: value}, where="in `generation_config`")
+                generation_kwargs[name] = value
         generation_kwargs, per_row = split_per_row(generation_kwargs)  # one value per row: `_per_row.py`
         config = make_generation_config(
             generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
@@ -159,6 +166,20 @@ class Sampler(StepInputs):
         self._fast_valid: torch.Tensor | bool | None = None  # [N] bool (or one row's, known): `invalid_rows`
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
+        self._batch_rows = 1  # the rows of the last step (`rollback` with one length for every row)
+
+    def with_generator(self, generator: Generators) -> Sampler:
+        """A copy of this sampler drawing from `generator` (one, or one per row); the processors are shared.
+
+        >>> sampler = Sampler(top_k=2, do_sample=True)
+        >>> sampler.with_generator(torch.Generator().manual_seed(0)).generator is not None
+        True
+        """
+        copied = copy.copy(self)
+        copied._setup_generator(generator)
+        copied._rows = copy.copy(self._rows)
+        copied._rows.copies = {}  # a copy per row of a stateful processor belongs to one generator list
+        return copied
 
     def _setup_generator(self, generator: Generators) -> None:
         check_generators(generator)
@@ -178,7 +199,11 @@ class Sampler(StepInputs):
         processors = build(self.generation_config)
         if self._plan is not None:  # HF's list per group of rows, merged (`_per_row.RowPlan.build`)
             processors = CheckedProcessorList(self._plan.build(processors, build, device))
+        if self.fast and isinstance(self.generator, (list, tuple)):  # each row drawn alone: its own state too
+            processors = CheckedProcessorList(self._rows.per_row_copies(list(processors), len(self.generator)))
         self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
+        # the fast path per group: the places before the first warper run once on the whole batch
+        self._head_length = first_warper(processors)
         return processors
 
     @property
@@ -214,6 +239,7 @@ class Sampler(StepInputs):
             self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
         self._check_rows_per_row(rows.shape[0])
+        self._batch_rows = rows.shape[0]
         if self.fast and self.do_sample:
             from hfbridge._step.fast.fast_path import fast_draw
 
@@ -222,8 +248,7 @@ class Sampler(StepInputs):
             lent = rows.dtype == torch.float32
             result: Any
             if self._plan is not None or isinstance(self.generator, (list, tuple)):  # per group, or per row
-                units = self._rows.units(processors, self.generator, rows.shape[0], rows.device)
-                result = fast_rows(input_ids, rows, units, read_only=lent)
+                result = self._fast_rows(input_ids, rows, processors, lent)
             else:
                 result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
                                    memo=self._fast_memo, read_only=lent)
@@ -239,6 +264,30 @@ class Sampler(StepInputs):
         with owned_scores():
             scores = processors(cast(torch.LongTensor, input_ids), self._float_copy(rows))
         return self.choose(scores, raw=rows)
+
+    def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList, lent: bool,
+                   head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
+        """The fast path per group (or per row): the chain's places before its first warper run once on the
+        whole batch (guidance, penalties, your processors: exactly as exact mode runs them), then each
+        group's own warpers, fused, on its rows alone (`per_row_draw.fast_rows`). `head_output`: those
+        places' output when already computed; `replays`: outputs to hand back instead of running a processor
+        again (by the processor's place in the chain), for `explain`."""
+        start = self._head_length
+        if head_output is not None:
+            scores, lent = head_output, False
+        elif start:
+            head = CheckedProcessorList(processors[:start])
+            scores, lent = head(cast(torch.LongTensor, input_ids), self._float_copy(rows)), False  # [N, V]
+        else:
+            scores = rows
+        units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, start)
+        if replays:
+            for (_, original), (copied, _) in self._rows.copies.items():
+                if original in replays and id(copied) not in replays:
+                    replays[id(copied)] = replays[original]
+            units = [(index, row_list, LogitsProcessorList(replayed(own, replays, index, start, processors)),
+                      samples, generator, memo) for index, row_list, own, samples, generator, memo in units]
+        return fast_rows(input_ids, scores, units, read_only=lent)
 
     @property
     def invalid_rows(self) -> torch.Tensor | None:
@@ -325,6 +374,7 @@ class Sampler(StepInputs):
         if scores.shape[-1] != self._vocab_checked:
             self._check_vocab(scores.shape[-1])
         self._check_rows_per_row(scores.shape[0])
+        self._batch_rows = scores.shape[0]
         return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
     def _check_vocab(self, vocab: int) -> None:
@@ -373,3 +423,4 @@ class Sampler(StepInputs):
                 return
             valid = best > float("-inf")
         self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
+

@@ -15,6 +15,8 @@ import math
 import numbers
 from typing import Any
 
+from hfbridge.processors._rows import described
+
 __all__ = ["check_flag", "check_number", "got", "is_int"]
 
 
@@ -37,9 +39,9 @@ def is_int(value: Any) -> bool:
 
 
 def got(value: Any) -> str:
-    """`type repr` of a rejected value for an error message, the repr cut at 40 characters."""
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+    """`type repr` of a rejected value for an error message, the repr cut at 40 characters (the one
+    description of a value every check uses, `hfbridge.processors`' own included: `described`)."""
+    return described(value)
 
 
 def check_number(name: str, value: Any, *, positive: bool) -> None:

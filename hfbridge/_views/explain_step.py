@@ -11,11 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList
 
 from hfbridge._step.guidance import step_guidance
 from hfbridge._step.option_checks import check_tokenizer
-from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
 from hfbridge._step.sampler import Sampler
@@ -241,33 +239,11 @@ def explain_step(
     n_rows = rows.shape[0]
     if not 0 <= row < n_rows:
         raise ValueError(f"row: got {row}, expected 0 <= row < {n_rows} (the step has {n_rows} row(s))")
-    processors = sampler._processors_on(rows.device)
-
-    scores = rows.clone()
-    stages = [_stage("input", {}, scores[row], top, None)]
-    outputs: list[torch.Tensor] = []  # [N, V] per processor, for the fast path's replay below
-    for processor in processors:
-        # Processors may edit their input in place; each recorded stage keeps its own copy.
-        params = _processor_params(processor)  # before the call: settings, not state it builds
-        scores = processor(ids, scores.clone())
-        check_processor_output(processor, rows, scores, index=len(outputs))
-        outputs.append(scores)
-        stages.append(_stage(_processor_name(processor), params, scores[row], top, stages[-1].scores))
-    # Choose for every row, as the step does, so a seeded generator draws the token `sample_step`
-    # would (and a row left with no token is the step's own error). The processors are not run
-    # again: stateful ones (grammar matchers) must see each step once.
-    if sampler.fast and sampler.do_sample and not isinstance(sampler.generator, (list, tuple)):
-        from hfbridge._step.fast.fast_path import fast_sample
-
-        # The fast path fuses some of HF's processors and calls the others; those not from
-        # transformers (a user's, possibly stateful) hand back what they returned above.
-        replayed = LogitsProcessorList(
-            processor if _from_transformers(processor) else _Replay(output)
-            for processor, output in zip(processors, outputs)
-        )
-        tokens = fast_sample(ids, rows, replayed, sampler.generator)  # type: ignore[arg-type]  # not a list here
-    else:
-        tokens = sampler.choose(scores, raw=rows)
+    outputs, tokens = sampler.explain(ids, view)  # the step's own token, for the same options and seed
+    stages = [_stage("input", {}, rows[row], top, None)]
+    for processor, scores in outputs:
+        stages.append(_stage(_processor_name(processor), _processor_params(processor), scores[row], top,
+                             stages[-1].scores))
     return StepTrace(
         stages=stages,
         token=int(tokens[row]),
@@ -276,21 +252,6 @@ def explain_step(
         do_sample=bool(sampler.do_sample),
         tokenizer=tokenizer,
     )
-
-
-class _Replay:
-    """Stands in for a processor that already ran for this step: returns a copy of its output."""
-
-    def __init__(self, output: torch.Tensor):
-        self.output = output  # [N, V]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        return self.output.clone()  # a copy: later processors may edit it in place
-
-
-def _from_transformers(processor: Any) -> bool:
-    """HF's own processors are pure functions of `(input_ids, scores)`: running one twice is harmless."""
-    return type(processor).__module__.split(".")[0] == "transformers"
 
 
 def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int,

@@ -1,10 +1,11 @@
 """DRY's sequence breakers: strings or token-id sequences, compiled into heads and tails of token ids.
 
-llama.cpp's rules (`get_overlapping_token_sequences`, after koboldcpp): a breaker string is at most
-40 characters; every token whose text *contains* the string is a single-token breaker; a token whose
-text *ends with a prefix* of the string (starting at an occurrence of its first character) is the
-head of a multi-token breaker whose tail is the tokenization of the rest of the string (at most 20
-tokens). A token-id sequence is a head (its first id) and a tail (the rest).
+llama.cpp's rules (`get_overlapping_token_sequences`, after koboldcpp), on bytes: a breaker string is at
+most 40 characters; every token whose bytes *contain* the string's UTF-8 is a single-token breaker; a
+token whose bytes *end with a prefix* of it (starting at an occurrence of its first byte) is the head
+of a multi-token breaker whose tail is the tokenization of the rest (at most 20 tokens). A token's
+bytes are its own (`_token_bytes.py`), so "é" held by two byte tokens is found. A token-id sequence is
+a head (its first id) and a tail (the rest).
 
 The compiled form, `Breakers`, holds the single-token breaker ids and, for each distinct tail, the
 set of heads that start it; `Breakers.masks(vocab, device)` lends them as boolean masks over the
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from hfbridge.processors._rows import described
+from hfbridge.processors._token_bytes import vocabulary_bytes
 
 __all__ = ["Breakers", "compile_breakers"]
 
@@ -121,32 +123,59 @@ def _string_breakers(tokenizer: Any, strings: tuple[str, ...]) -> list[tuple[int
         return known
     try:
         size = len(tokenizer)
-        words = tokenizer.batch_decode([[token] for token in range(size)])
+        texts = tokenizer.batch_decode([[token] for token in range(size)])
+        words = vocabulary_bytes(tokenizer, texts)  # each token's own bytes (part of a character included)
     except Exception as error:  # anything a tokenizer-like object raises
         raise TypeError(f"`tokenizer` must be a transformers tokenizer (len() and batch_decode), got "
                         f"{type(tokenizer).__name__}: {error}") from None
     pairs: list[tuple[int, tuple[int, ...]]] = []
-    for text in strings:
+    by_bytes: dict[bytes, int] | None = None
+    for string in strings:
+        text = string.encode("utf-8")  # matched on bytes, as llama.cpp does: "é" may span two byte tokens
         seen: set[tuple[int, tuple[int, ...]]] = set()
         for token, word in enumerate(words):
+            if not word:
+                continue
             if text in word:
                 pair: tuple[int, tuple[int, ...]] = (token, ())
                 if pair not in seen:
                     seen.add(pair)
                     pairs.append(pair)
                 continue
-            position = word.find(text[0])
+            position = word.find(text[:1])
             while position != -1:
                 rest = word[position:]  # the word ends with a prefix of `text`
                 if text.startswith(rest):
-                    tail = tuple(tokenizer.encode(text[len(rest):], add_special_tokens=False)[:MAX_TAIL])
+                    if by_bytes is None:
+                        by_bytes = {}
+                        for other, piece in enumerate(words):
+                            by_bytes.setdefault(piece, other)
+                    tail = _tokenized(tokenizer, text[len(rest):], by_bytes)[:MAX_TAIL]
                     if (token, tail) not in seen:
                         seen.add((token, tail))
                         pairs.append((token, tail))
-                position = word.find(text[0], position + 1)
+                position = word.find(text[:1], position + 1)
     try:
         with _LOCK:
             _CACHE.setdefault(tokenizer, {})[strings] = pairs
     except TypeError:
         pass
     return pairs
+
+
+def _tokenized(tokenizer: Any, rest: bytes, by_bytes: dict[bytes, int]) -> tuple[int, ...]:
+    """The tokens of the bytes `rest`: the tokenizer's own encoding when they are whole characters,
+    else the longest tokens whose bytes match, left to right (a byte-level vocabulary holds every byte)."""
+    try:
+        return tuple(tokenizer.encode(rest.decode("utf-8"), add_special_tokens=False))
+    except UnicodeDecodeError:
+        pass
+    tokens: list[int] = []
+    start = 0
+    while start < len(rest):
+        end = next((end for end in range(len(rest), start, -1) if rest[start:end] in by_bytes), None)
+        if end is None:
+            return ()  # bytes no token holds: no tail can match them
+        tokens.append(by_bytes[rest[start:end]])
+        start = end
+    return tuple(tokens)

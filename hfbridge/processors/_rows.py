@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["RowParam", "described", "finite_count", "gate"]
+__all__ = ["RowParam", "described", "finite_count", "gate", "plain"]
 
 
 def described(value: Any) -> str:
@@ -36,6 +36,35 @@ def described(value: Any) -> str:
     """
     text = repr(value)
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def plain(value: Any) -> Any:
+    """A NumPy value as Python's (`np.float32(0.5)` -> 0.5, an array -> a list); anything else as it is.
+
+    >>> import numpy as np
+    >>> plain(np.int64(3)), plain(np.array([0.5, 1.0])), plain([1])
+    (3, [0.5, 1.0], [1])
+    """
+    if isinstance(value, torch.Tensor) or not (hasattr(value, "ndim") and hasattr(value, "tolist")):
+        return value
+    if getattr(value, "dtype", None) is not None and getattr(value.dtype, "kind", "") in "biuf":
+        return value.tolist()  # NumPy's bool, ints and floats; the checks below refuse bools
+    return value
+
+
+def row_label(name: str, index: int | None) -> str:
+    """How an option (or one row's value of it) is named in a message.
+
+    >>> row_label("top_p", None), row_label("top_p", 1)
+    ('`top_p`', '`top_p[1]` (row 1)')
+    """
+    return f"`{name}`" if index is None else f"`{name}[{index}]` (row {index})"
+
+
+def rows_mismatch(name: str, values: int, rows: int, what: str = "the scores have") -> ValueError:
+    """The error for one value per row given for another number of rows."""
+    return ValueError(f"`{name}` has {values} values, one per row, but {what} {rows} rows; pass one value per row, "
+                      "or a single number for every row.")
 
 
 # A removed token's score, -inf, clamped to this, counts -1 / _BIG in a row's sum: the sum then tells
@@ -52,6 +81,8 @@ def finite_count(scores: torch.Tensor) -> torch.Tensor:
     >>> finite_count(torch.tensor([[0.0, -1.0, -float("inf")], [-2.0, 0.0, -5.0]])).tolist()
     [[2.0], [3.0]]
     """
+    if torch.finfo(scores.dtype).max < _BIG:  # float16: -1e30 is out of its range; count in float32
+        return finite_count(scores.float()).to(scores.dtype)
     removed = (scores.clamp(min=-_BIG).sum(-1, keepdim=True) / -_BIG).round()
     return (scores.shape[-1] - removed).clamp(min=1)
 
@@ -66,6 +97,8 @@ def gate(values: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     >>> gate(torch.tensor([[1.0, 2.0, 3.0, -float("inf")]]), torch.tensor([[2.0]])).tolist()
     [[-inf, 0.0, 0.0, -inf]]
     """
+    if torch.finfo(values.dtype).max < _BIG:  # float16: the 1e30 scale is out of its range; gate in float32
+        return gate(values.float(), floor.float()).to(values.dtype)
     floor = floor.clamp(min=torch.finfo(values.dtype).min)  # a floor of -inf keeps every value but -inf
     shifted = (values - floor).clamp_(max=0.0).mul_(1e30)  # 0 where kept, < -1e-15 (or -inf) where not
     return torch.nn.functional.threshold(shifted, -1e-20, -torch.inf, inplace=True)
@@ -86,24 +119,25 @@ class RowParam:
                  maximum: float | None = None, above: float | None = None, below: float | None = None,
                  check: Callable[[float], str | None] | None = None):
         self.name = name
+        value = plain(value)
         self.scalar = not (isinstance(value, (list, tuple)) or (isinstance(value, torch.Tensor) and value.ndim == 1))
         items = _as_items(name, value)
         kind = "an int" if integer else "a number"
         for index, item in enumerate(items):
-            where = name if self.scalar else f"{name}[{index}]"
+            where = row_label(name, None if self.scalar else index)
             if isinstance(item, bool) or not isinstance(item, numbers.Real) or (
                 integer and not isinstance(item, numbers.Integral)
             ):
-                raise TypeError(f"`{where}` must be {kind}, got {described(item)}.")
+                raise TypeError(f"{where} must be {kind}, got {described(item)}.")
             if not math.isfinite(item):
-                raise ValueError(f"`{where}` must be a finite number, got {item!r}.")
+                raise ValueError(f"{where} must be a finite number, got {item!r}.")
             for bound, ok, text in ((minimum, lambda v, b: v >= b, ">="), (maximum, lambda v, b: v <= b, "<="),
                                     (above, lambda v, b: v > b, ">"), (below, lambda v, b: v < b, "<")):
                 if bound is not None and not ok(item, bound):
-                    raise ValueError(f"`{where}` must be {text} {bound}, got {item!r}.")
+                    raise ValueError(f"{where} must be {text} {bound}, got {item!r}.")
             problem = check(float(item)) if check is not None else None
             if problem:
-                raise ValueError(f"`{where}` {problem}, got {item!r}.")
+                raise ValueError(f"{where} {problem}, got {item!r}.")
         self.values: tuple[Any, ...] = tuple(int(v) if integer else float(v) for v in items)
         self._tensors: dict[tuple, torch.Tensor] = {}
 
@@ -115,9 +149,7 @@ class RowParam:
         if self.scalar:
             return self.values * rows
         if len(self.values) != rows:
-            raise ValueError(
-                f"`{self.name}` has {len(self.values)} values (one per row) but the scores have {rows} rows."
-            )
+            raise rows_mismatch(self.name, len(self.values), rows)
         return self.values
 
     def tensor(self, rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -141,10 +173,11 @@ class RowParam:
 def _as_items(name: str, value: Any) -> list[Any]:
     if isinstance(value, torch.Tensor):
         if value.ndim > 1:
-            raise ValueError(f"`{name}` must be a number or a 1-D tensor of one value per row, got shape "
-                             f"{tuple(value.shape)}.")
+            raise TypeError(f"`{name}` must be a number or one number per row (a list, a tuple or a 1-D tensor), "
+                            f"got a {value.dtype} tensor of shape {tuple(value.shape)}.")
         if value.dtype == torch.bool or value.is_complex():
-            raise TypeError(f"`{name}` must hold real numbers, got a tensor of dtype {value.dtype}.")
+            raise TypeError(f"`{name}` must be a number or one number per row (a list, a tuple or a 1-D tensor), "
+                            f"got a {value.dtype} tensor of shape {tuple(value.shape)}.")
         items = value.detach().cpu().reshape(-1).tolist()  # once, at construction
         if value.is_floating_point():
             items = [float(v) for v in items]
@@ -153,5 +186,5 @@ def _as_items(name: str, value: Any) -> list[Any]:
     else:
         return [value]
     if not items:
-        raise ValueError(f"`{name}` is empty: pass one value, or one value per row.")
+        raise ValueError(f"`{name}` is empty; pass a number, or one number per row.")
     return items

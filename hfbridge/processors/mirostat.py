@@ -7,10 +7,14 @@ token chosen, `X = input_ids[:, -1]`, updates the row's state:
 
     mu -= eta * (-log2 p'(X) - tau)
 
-`mu` starts at `2 * tau` in every new sequence: a call whose `input_ids` do not extend the previous
-call's by one token (another batch, another prompt, a new `generate`) starts every such row fresh,
-so one instance can serve several `generate` calls, HF's included. A chosen token outside the kept
-set (something after mirostat chose it) leaves `mu` as it is.
+`mu` starts at `2 * tau` in every new sequence: a row of a call whose `input_ids` extend none of the
+previous call's rows by one token (another batch, another prompt, a new `generate`) starts fresh,
+so one instance can serve several `generate` calls, HF's included. A row that extends another row of
+the previous call (HF's beam search reorders rows without telling the processors) takes that row's
+state. A chosen token outside the kept set (something after mirostat chose it) leaves `mu` as it is.
+
+It follows the stateful protocol (`processors/_stateful.py`) too: `reset()`, `reorder(beam_idx)` and
+`rollback(lengths)` (back to the `mu` of the call on that many tokens), which hfbridge's loops call.
 
 Reference: Basu et al., "Mirostat: A Neural Text Decoding Algorithm that Directly Controls
 Perplexity" (ICLR 2021, arXiv:2007.14966), algorithm 2; llama.cpp `src/llama-sampler.cpp`,
@@ -41,6 +45,8 @@ from hfbridge.processors._rows import RowParam, gate
 
 __all__ = ["MirostatLogitsWarper"]
 
+_HISTORY = 4096  # calls whose mu `rollback` can return to
+
 
 class MirostatLogitsWarper(LogitsProcessor):
     """Mirostat 2.0: truncate to surprise `<= mu`, and steer `mu` towards `tau` (see the module).
@@ -64,6 +70,36 @@ class MirostatLogitsWarper(LogitsProcessor):
         self._ids: torch.Tensor | None = None  # [B, T] the last call's input_ids
         self._weights: torch.Tensor | None = None  # [B, V] last call's exp(score - best) where kept, else 0
         self._kept_total: torch.Tensor | None = None  # [B, 1] their sum
+        self._history: dict[int, torch.Tensor] = {}  # input length -> [B] the mu used at that call
+        self._resume: tuple[torch.Tensor, torch.Tensor] | None = None  # ([B] mu, [B] bool) set by `rollback`
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Row `i` now continues what row `beam_idx[i]` was (HF's beam reorder); no host read."""
+        index = beam_idx.long()
+        for name in ("mu", "_ids", "_weights", "_kept_total"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.index_select(0, index.to(value.device)))
+        if self._resume is not None:
+            self._resume = tuple(part.index_select(0, index.to(part.device)) for part in self._resume)  # type: ignore
+        self._history = {length: mu.index_select(0, index.to(mu.device)) for length, mu in self._history.items()}
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Each row's sequence now has `lengths[i]` tokens: its `mu` becomes the one the call on that many
+        tokens used, as if the tokens after had never been seen (one past the last call continues it as usual).
+        No host read."""
+        if self.mu is None:
+            return
+        lengths = lengths.long().to(self.mu.device)  # [B]
+        known = sorted(length for length, mu in self._history.items() if mu.shape == self.mu.shape)
+        if not known:
+            return
+        stacked = torch.stack([self._history[length] for length in known])  # [L, B]
+        table = torch.tensor(known, device=self.mu.device)  # [L]
+        match = lengths[None, :] == table[:, None]  # [L, B]
+        found = match.any(0)  # [B]
+        picked = stacked.gather(0, match.long().argmax(0)[None, :]).squeeze(0)  # [B]
+        self._resume = (picked, found)  # rows not found: one past the last call continues it, else fresh
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows = scores.shape[0]  # [B, V]
@@ -81,26 +117,49 @@ class MirostatLogitsWarper(LogitsProcessor):
         self._kept_total = weights.sum(-1, keepdim=True)  # [B, 1]; p'(X) = weights[X] / kept_total
         self._ids = input_ids  # generate makes a new tensor each step; the old one is not written
         self.mu = mu
+        if input_ids is not None:
+            self._history[input_ids.shape[1]] = mu
+            if len(self._history) > _HISTORY:
+                del self._history[min(self._history)]
         return kept
 
     def _next_mu(self, input_ids: torch.Tensor, tau: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Each row's mu for this call: updated from the token chosen after the last call, or 2 tau."""
+        """Each row's mu for this call: updated from the token chosen after the last call, or 2 tau.
+
+        A row continues the row of the last call whose tokens are its own but the last: the same row
+        when it does (greedy, sampling), else the first that does (HF's beam search reorders the rows
+        without telling the processors); a row that continues none starts fresh.
+        """
         fresh = 2 * tau
-        last = self._ids
         if input_ids is None:
             return fresh
+        resume, self._resume = self._resume, None
+        mu = self._continued(input_ids, tau, scores, fresh)
+        if resume is not None and resume[0].shape == fresh.shape:
+            mu = torch.where(resume[1], resume[0].to(fresh.dtype), mu)
+        return mu
+
+    def _continued(self, input_ids: torch.Tensor, tau: torch.Tensor, scores: torch.Tensor,
+                   fresh: torch.Tensor) -> torch.Tensor:
+        last = self._ids
         rows, length = input_ids.shape
         if (last is None or self.mu is None or self._weights is None or self._kept_total is None
-                or last.shape != (rows, length - 1) or self._weights.shape != scores.shape
+                or last.shape[1] != length - 1 or self._weights.shape[1] != scores.shape[1]
                 or last.device != input_ids.device):
             return fresh
-        continues = (input_ids[:, :-1] == last).all(-1)  # [B]: the same sequence, one token longer
+        same = (input_ids[:, None, :-1] == last[None, :, :]).all(-1)  # [B, B_last]: row i continues row j
+        found = same.any(-1)  # [B]
+        own = torch.arange(rows, device=input_ids.device)
+        diagonal = same.diagonal() if rows == last.shape[0] else torch.zeros_like(found)
+        source = torch.where(diagonal, own.clamp(max=last.shape[0] - 1), same.long().argmax(-1))  # [B]
         chosen = input_ids[:, -1:].long()  # [B, 1]
-        p = (self._weights.gather(1, chosen) / self._kept_total).squeeze(1)  # [B] p'(X), 0 if not kept
+        weights = self._weights.index_select(0, source)  # [B, V]
+        p = (weights.gather(1, chosen) / self._kept_total.index_select(0, source)).squeeze(1)  # [B] p'(X)
         surprise = -torch.log2(p)
         eta = self.eta.tensor(rows, scores.device, scores.dtype)
-        updated = torch.where(p > 0, self.mu - eta * (surprise - tau), self.mu)
-        return torch.where(continues, updated, fresh)
+        previous = self.mu.index_select(0, source)
+        updated = torch.where(p > 0, previous - eta * (surprise - tau), previous)
+        return torch.where(found, updated, fresh)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(tau={self.tau}, eta={self.eta})"

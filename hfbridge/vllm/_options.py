@@ -31,8 +31,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from hfbridge._step import community_options
-from hfbridge._step.build_processors import SAMPLING_OPTIONS, step_option_names
+from hfbridge._step.build_processors import step_option_names
 from hfbridge._step.option_checks import did_you_mean
+from hfbridge._step.option_table import hf_sampling_options, sampling_options
 from hfbridge._step.sampler import Sampler
 
 KEY = "hfbridge"  # SamplingParams.extra_args[KEY] holds the options
@@ -40,7 +41,7 @@ KEY = "hfbridge"  # SamplingParams.extra_args[KEY] holds the options
 # HF's options that only change the scores (looked up on the installed transformers: `top_h` is new)
 _HF_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "sequence_bias", "bad_words_ids", "suppress_tokens",
                "begin_suppress_tokens", "min_new_tokens", "min_length", "exponential_decay_length_penalty",
-               "eos_token_id", "remove_invalid_values", "renormalize_logits", *SAMPLING_OPTIONS)
+               "eos_token_id", "remove_invalid_values", "renormalize_logits", *hf_sampling_options())
 
 # Options whose processor counts the request's tokens from where its prompt ends.
 LENGTH_OPTIONS = ("min_new_tokens", "min_length", "begin_suppress_tokens", "exponential_decay_length_penalty")
@@ -149,7 +150,7 @@ def check_request(params: Any) -> RequestOptions | None:
         _check_plain(name, value)
     do_sample = _check_vllm_fields(params)
     if not do_sample:
-        sampling = [name for name in options if name in SAMPLING_OPTIONS or name in community_options.WARPER_OPTIONS]
+        sampling = [name for name in options if name in sampling_options()]
         if sampling:
             raise ValueError(
                 f"`{sampling[0]}` applies only when sampling, and the request is greedy (`SamplingParams."

@@ -80,7 +80,7 @@ def test_candidate_counts_equal_the_exact_total_route(vocab):
 
 def test_count_decided_exactly_when_the_cut_sits_within_the_slack():
     # Equal probabilities 1/n summed in float32 round; the cut lands exactly on a whole number of
-    # tokens, so only the exact float64 total decides (issue 8, at a large vocabulary).
+    # tokens, so only the exact float64 total decides (at a large vocabulary).
     vocab = 40960
     x = (torch.randperm(vocab, generator=torch.Generator().manual_seed(0)).double() * (1e-8 / vocab)).float()[None]
     assert torch.softmax(x, dim=-1).unique().numel() == 1

@@ -167,7 +167,8 @@ def test_no_host_reads():
     (dict(adaptive_target=float("nan")), ValueError, r"^`adaptive_target` must be a finite number, got nan.$"),
     (dict(adaptive_target="0.5"), TypeError, r"^`adaptive_target` must be a number, got str '0.5'.$"),
     (dict(adaptive_target=[0.1, 0.2, 0.3]), ValueError,
-     r"^`adaptive_target` has 3 values \(one per row\) but the scores have 2 rows.$"),
+     r"^`adaptive_target` has 3 values, one per row, but the step has 2 rows; pass one value per row, or a single number "
+     r"for every row.$"),
     (dict(adaptive_target=0.5, mirostat=2), ValueError, r"^`mirostat` and `adaptive_target` both choose"),
 ])
 def test_option_errors_name_the_option(options, error, message):

@@ -161,7 +161,8 @@ def test_no_host_reads():
     (dict(mirostat=1, mirostat_m=2.5), TypeError, r"^`mirostat_m` must be an int, got float 2.5.$"),
     (dict(mirostat=1, mirostat_tau=0.0), ValueError, r"^`mirostat_tau` must be > 0.0, got 0.0.$"),
     (dict(mirostat=1, mirostat_m=[5, 6, 7]), ValueError,
-     r"^`mirostat_m` has 3 values \(one per row\) but the scores have 2 rows.$"),
+     r"^`mirostat_m` has 3 values, one per row, but the step has 2 rows; pass one value per row, or a single number "
+     r"for every row.$"),
 ])
 def test_option_errors_name_the_option(options, error, message):
     with pytest.raises(error, match=message):

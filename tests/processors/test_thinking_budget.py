@@ -328,7 +328,8 @@ def test_tags_outside_the_vocabulary():
     (dict(thinking_budget=2, thinking_start=[7], thinking_end=8), TypeError,
      r"^`thinking_end` must be a string or a sequence of token ids"),
     (dict(thinking_budget=[1, 2, 3], thinking_start=[7], thinking_end=[8]), ValueError,
-     r"^`thinking_budget` has 3 values \(one per row\) but the scores have 2 rows.$"),
+     r"^`thinking_budget` has 3 values, one per row, but the step has 2 rows; pass one value per row, or a single number "
+     r"for every row.$"),
 ])
 def test_option_errors_name_the_option(options, error, message):
     with pytest.raises(error, match=message):

@@ -200,7 +200,6 @@ def test_options_that_need_the_prompt_length(option):
     [
         ({"top_p": 1.5}, "`top_p`=1.5 is out of range: `top_p` has to be a float > 0 and < 1, but is 1.5"),
         ({"top_k": -2}, "`top_k`=-2 is out of range: `top_k` has to be a strictly positive integer, but is -2"),
-        ({"temperature": 0.0}, "`temperature`=0.0 is out of range: `temperature` (=0.0) has to be a strictly positive float"),
         ({"repetition_penalty": -1.0}, "`repetition_penalty`=-1.0 is out of range: `penalty` has to be a strictly positive float, but is -1.0"),
         ({"min_p": 2.0}, "`min_p`=2.0 is out of range: `min_p` has to be a float in the [0, 1] interval, but is 2.0"),
         ({"epsilon_cutoff": -0.1}, "`epsilon_cutoff`=-0.1 is out of range: `epsilon_cutoff` has to be a float > 0 and < 1"),

@@ -1,0 +1,336 @@
+"""The option registry: one row per numeric sampling option, HF's and `hfbridge.processors`' alike.
+
+Each `OptionRow` says everything the step needs to know about one option: the processor it
+configures (and the constructor argument it fills), its value that builds nothing (`off`), whether
+it applies only when sampling, whether it takes one value per row, whether it is an integer, its
+bounds, what its processor needs besides (a tokenizer, the prompt's length, the generator, the
+temperature), its place in the chain and how it rides a `GenerationConfig` (an HF field, or an
+extra attribute HF keeps). Every other table is derived from `ROWS`:
+
+- `sampling_options()`: the options that turn sampling on when passed (HF's warpers and ours);
+- `per_row_options()`: the options that take one value per row;
+- `sampling_processors()`: the classes a greedy row never runs;
+- `community_rows()`: the rows of `hfbridge.processors`' samplers (built by `community_options`).
+
+`option_checks.check_option_values` checks a dict of option values from any source (keywords, a passed
+`GenerationConfig`, a model's own `generation_config`) with these rows: every error names the public option.
+A new sampler is one `LogitsProcessor` class in `hfbridge.processors` plus its rows here
+(`register`).
+
+>>> [name for name in per_row_options()][:3]
+['temperature', 'top_k', 'top_p']
+>>> ROWS["top_n_sigma"].check_value(-1.0)
+Traceback (most recent call last):
+...
+ValueError: `top_n_sigma` must be > 0.0, got -1.0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from hfbridge._step import sampler_order
+from hfbridge.processors import (
+    AdaptivePLogitsWarper,
+    DRYLogitsProcessor,
+    DynamicTemperatureLogitsWarper,
+    MirostatLogitsWarper,
+    MirostatV1LogitsWarper,
+    PresenceFrequencyPenaltyLogitsProcessor,
+    SmoothingLogitsWarper,
+    ThinkingBudgetLogitsProcessor,
+    TopNSigmaLogitsWarper,
+    XTCLogitsWarper,
+)
+from hfbridge.processors._dry_breakers import compile_breakers
+from hfbridge.processors._rows import RowParam, described, plain
+from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
+
+__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "per_row_options",
+           "plain_options", "register", "sampling_options", "sampling_processors", "unregister"]
+
+# Where a processor goes in HF's chain (`community_options.add_processors` places them): "hf": HF builds it;
+# "first": first (after HF's guidance); "penalties": right after HF's repetition penalty; "temperature": in place
+# of HF's temperature; "after_temperature": right after it; "after_truncation": after HF's top-k, top-p, min-p,
+# ...; "last": before HF's watermark and `LogitNormalization`; "order": no processor, the chain's order.
+PLACES = ("hf", "first", "penalties", "temperature", "after_temperature", "after_truncation", "last", "order")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionRow:
+    """One option.
+
+    Attributes:
+        name: The public option (keyword, `GenerationConfig` attribute).
+        processor: The class it configures: HF's class name (a string) for HF's options, the class for ours.
+        argument: The constructor argument it fills (ours); None for HF's (HF builds them).
+        off: The value that builds nothing (a switch's "off"); None: any value set builds it (or a tuning knob).
+        default: The value when not set (ours: llama.cpp's `common/common.h`); None for HF's (HF's defaults).
+        sampling: Applies only when sampling (a warper); passing it turns sampling on.
+        per_row: Takes one value per row (a list, tuple, 1-D tensor or array).
+        integer: Values are ints.
+        bounds: `minimum` / `maximum` (inclusive), `above` (exclusive) for each value.
+        switch: Setting it (to a value other than `off`) builds the processor; the others only tune it.
+        needs: What the constructor takes besides: "tokenizer", "prompt_length", "generator", "temperature".
+        place: Its place in the chain, one of `PLACES`.
+        also_configures: Other classes whose values it decides (per-row groups differ in them too).
+        check: An extra check `(name, value) -> None` (types the bounds cannot say).
+        carried: "field" (a field of HF's `GenerationConfig`) or "attribute" (an extra attribute HF keeps).
+        is_off: For a switch whose "off" is a range (`adaptive_target < 0`): `value -> bool`, instead of `off`.
+    """
+
+    name: str
+    processor: Any
+    argument: str | None = None
+    off: Any = None
+    default: Any = None
+    sampling: bool = False
+    per_row: bool = True
+    integer: bool = False
+    bounds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    switch: bool = False
+    needs: tuple[str, ...] = ()
+    place: str = "hf"
+    also_configures: tuple[str, ...] = ()
+    check: Callable[[str, Any], None] | None = None
+    carried: str = "attribute"
+    is_off: Callable[[Any], bool] | None = None
+
+    @property
+    def community(self) -> bool:
+        """One of `hfbridge.processors`' options (hfbridge builds and places its processor)."""
+        return self.place != "hf"
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """The class names whose values this option decides."""
+        if self.processor is None:
+            return self.also_configures
+        kind = self.processor if isinstance(self.processor, str) else self.processor.__name__
+        return (kind, *self.also_configures)
+
+    def check_value(self, value: Any) -> None:
+        """Check one value (or one per row, for a per-row option); errors name the option."""
+        if self.check is not None:
+            self.check(self.name, value)
+            return
+        if not self.per_row and (isinstance(plain(value), (list, tuple)) or bool(getattr(value, "ndim", 0))):
+            raise TypeError(f"`{self.name}` must be {'an int' if self.integer else 'a number'} (one for every row), "
+                            f"got {described(value)}.")
+        RowParam(self.name, value, integer=self.integer, minimum=self.bounds.get("minimum"),
+                 maximum=self.bounds.get("maximum"), above=self.bounds.get("above"))
+
+    def active(self, value: Any) -> bool:
+        """Whether `value` (a scalar or one per row) builds the processor."""
+        if value is None:
+            return False
+        if self.is_off is not None:
+            return any(not self.is_off(item) for item in RowParam(self.name, value, integer=self.integer).values)
+        if self.off is None:
+            return True
+        items = RowParam(self.name, value, integer=self.integer).values
+        return any(item != self.off for item in items)
+
+
+def _mirostat(name: str, value: Any) -> None:
+    value = plain(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), "
+                        f"got {described(value)}.")
+    if value not in (0, 1, 2):
+        raise ValueError(f"`{name}` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {value!r}.")
+
+
+def _tag(name: str, value: Any, *, empty: bool = False) -> None:
+    # a string (tokenized with the tokenizer when the processor is built) or token ids
+    if isinstance(value, str):
+        if not value and not empty:
+            raise ValueError(f"`{name}` is an empty string.")
+        return
+    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
+            ("int", "uint")):
+        value = value.tolist()  # a tensor or numpy array of ids
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(token, numbers.Integral) and not isinstance(token, bool) and int(token) >= 0 for token in value):
+        raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
+    if not value and not empty:
+        raise ValueError(f"`{name}` is empty: give at least one token id.")
+
+
+def _message(name: str, value: Any) -> None:
+    _tag(name, value, empty=True)
+
+
+def _breakers(name: str, value: Any) -> None:
+    # token-id sequences are compiled here; strings only checked (the tokenizer comes with the processor)
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"`{name}` must be a list of strings or of token-id sequences, got {described(value)}.")
+    for index, breaker in enumerate(value):
+        if isinstance(breaker, str):
+            if not breaker:
+                raise ValueError(f"`{name}[{index}]` is an empty string.")
+            continue
+        try:
+            compile_breakers([breaker], tokenizer=None)
+        except (TypeError, ValueError):
+            raise TypeError(f"`{name}[{index}]` must be a string or a non-empty sequence of token ids (ints >= 0), "
+                            f"got {described(breaker)}.") from None
+
+
+def _temperature(name: str, value: Any) -> None:
+    RowParam(name, value, check=lambda v: "must be >= 0 (0 is greedy)" if v < 0 else None)
+
+
+def _hf(name: str, processor: str, off: Any, *, sampling: bool = True, integer: bool = False,
+        **more: Any) -> OptionRow:
+    return OptionRow(name, processor, off=off, sampling=sampling, integer=integer, carried="field", **more)
+
+
+def _ours(name: str, processor: type, argument: str, default: Any, *, place: str, off: Any = None,
+          switch: bool = False, sampling: bool = False, **more: Any) -> OptionRow:
+    return OptionRow(name, processor, argument=argument, off=off, default=default, switch=switch,
+                     sampling=sampling, place=place, **more)
+
+
+_PENALTIES = PresenceFrequencyPenaltyLogitsProcessor
+_ROWS = [
+    # HF's numeric options (HF builds and places their processors; a row of these may vary per row)
+    _hf("temperature", "TemperatureLogitsWarper", 1.0, check=_temperature,
+        also_configures=("DynamicTemperatureLogitsWarper",)),
+    _hf("top_k", "TopKLogitsWarper", 0, integer=True),
+    _hf("top_p", "TopPLogitsWarper", 1.0),
+    _hf("min_p", "MinPLogitsWarper", None),
+    _hf("typical_p", "TypicalLogitsWarper", 1.0),
+    _hf("epsilon_cutoff", "EpsilonLogitsWarper", 0.0),
+    _hf("eta_cutoff", "EtaLogitsWarper", 0.0),
+    _hf("top_h", "TopHLogitsWarper", None),
+    _hf("repetition_penalty", "RepetitionPenaltyLogitsProcessor", 1.0, sampling=False,
+        also_configures=(_PENALTIES.__name__,)),  # with `penalty_last_n`, ours takes it over
+    _hf("no_repeat_ngram_size", "NoRepeatNGramLogitsProcessor", 0, sampling=False, integer=True),
+    # hfbridge.processors' samplers, in their order within each place
+    _ours("presence_penalty", _PENALTIES, "presence_penalty", 0.0, off=0.0, switch=True, place="penalties",
+          needs=("prompt_length",)),
+    _ours("frequency_penalty", _PENALTIES, "frequency_penalty", 0.0, off=0.0, switch=True, place="penalties"),
+    _ours("penalty_last_n", _PENALTIES, "penalty_last_n", None, integer=True, bounds={"minimum": -1},
+          place="penalties"),
+    _ours("dry_multiplier", DRYLogitsProcessor, "multiplier", 0.0, off=0.0, switch=True, place="penalties",
+          bounds={"minimum": 0.0}, needs=("tokenizer",)),
+    _ours("dry_base", DRYLogitsProcessor, "base", 1.75, bounds={"minimum": 1.0}, place="penalties"),
+    _ours("dry_allowed_length", DRYLogitsProcessor, "allowed_length", 2, integer=True, bounds={"minimum": 1},
+          place="penalties"),
+    _ours("dry_penalty_last_n", DRYLogitsProcessor, "penalty_last_n", -1, integer=True, bounds={"minimum": -1},
+          place="penalties"),
+    _ours("dry_sequence_breakers", DRYLogitsProcessor, "sequence_breakers", DEFAULT_SEQUENCE_BREAKERS,
+          per_row=False, check=_breakers, place="penalties"),
+    _ours("dynatemp_range", DynamicTemperatureLogitsWarper, "range", 0.0, off=0.0, switch=True, sampling=True,
+          bounds={"minimum": 0.0}, place="temperature", needs=("temperature",)),
+    _ours("dynatemp_exponent", DynamicTemperatureLogitsWarper, "exponent", 1.0, sampling=True,
+          bounds={"above": 0.0}, place="temperature"),
+    _ours("smoothing_factor", SmoothingLogitsWarper, "factor", 0.0, off=0.0, switch=True, sampling=True,
+          bounds={"minimum": 0.0}, place="after_temperature"),
+    _ours("smoothing_curve", SmoothingLogitsWarper, "curve", 1.0, sampling=True, bounds={"minimum": 1.0},
+          place="after_temperature"),
+    _ours("top_n_sigma", TopNSigmaLogitsWarper, "n", None, switch=True, sampling=True, bounds={"above": 0.0},
+          place="after_temperature"),
+    _ours("xtc_threshold", XTCLogitsWarper, "threshold", 0.1, sampling=True, bounds={"above": 0.0, "maximum": 1.0},
+          place="after_truncation"),
+    _ours("xtc_probability", XTCLogitsWarper, "probability", 0.0, off=0.0, switch=True, sampling=True,
+          bounds={"minimum": 0.0, "maximum": 1.0}, place="after_truncation", needs=("generator",)),
+    # mirostat 2 (`mirostat=2`) or 1 (`mirostat=1`, with `mirostat_m`): `community_options.build` picks the class
+    _ours("mirostat", MirostatLogitsWarper, "", 0, off=0, switch=True, sampling=True, per_row=False, integer=True,
+          check=_mirostat, place="last", also_configures=(MirostatV1LogitsWarper.__name__,)),
+    _ours("mirostat_tau", MirostatLogitsWarper, "tau", 5.0, sampling=True, bounds={"above": 0.0}, place="last",
+          also_configures=(MirostatV1LogitsWarper.__name__,)),
+    _ours("mirostat_eta", MirostatLogitsWarper, "eta", 0.1, sampling=True, bounds={"above": 0.0}, place="last",
+          also_configures=(MirostatV1LogitsWarper.__name__,)),
+    _ours("mirostat_m", MirostatV1LogitsWarper, "m", 100, sampling=True, integer=True, bounds={"minimum": 1},
+          place="last"),
+    _ours("adaptive_target", AdaptivePLogitsWarper, "target", -1.0, switch=True, sampling=True,
+          bounds={"maximum": 1.0}, place="last", is_off=lambda value: value < 0),
+    _ours("adaptive_decay", AdaptivePLogitsWarper, "decay", 0.9, sampling=True,
+          bounds={"minimum": 0.0, "maximum": 0.99}, place="last"),
+    # a thinking budget (greedy or sampling), first in the chain
+    _ours("thinking_budget", ThinkingBudgetLogitsProcessor, "budget", None, switch=True, integer=True,
+          bounds={"minimum": 0}, place="first", needs=("tokenizer", "prompt_length")),
+    _ours("thinking_start", ThinkingBudgetLogitsProcessor, "start_ids", "<think>", per_row=False, check=_tag,
+          place="first"),
+    _ours("thinking_end", ThinkingBudgetLogitsProcessor, "end_ids", "</think>", per_row=False, check=_tag,
+          place="first"),
+    _ours("thinking_budget_message", ThinkingBudgetLogitsProcessor, "message_ids", None, per_row=False,
+          check=_message, place="first"),
+    # the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling): no processor
+    OptionRow("sampler_order", None, per_row=False, check=sampler_order.check_order, place="order"),
+]
+
+ROWS: dict[str, OptionRow] = {row.name: row for row in _ROWS}
+
+
+def register(*rows: OptionRow) -> None:
+    """Add the rows of a new sampler (its options); a name already in the table is refused."""
+    for row in rows:
+        if row.name in ROWS:
+            raise ValueError(f"the option `{row.name}` is already in the table.")
+        if row.place not in PLACES:
+            raise ValueError(f"`place` must be one of {PLACES}, got {row.place!r}.")
+    for row in rows:
+        ROWS[row.name] = row
+
+
+def unregister(*names: str) -> None:
+    """Remove rows added with `register`."""
+    for name in names:
+        ROWS.pop(name, None)
+
+
+def sampling_options() -> tuple[str, ...]:
+    """The options that turn sampling on when passed (`do_sample` left to hfbridge), as HF's warpers do."""
+    return tuple(name for name, row in ROWS.items() if row.sampling)
+
+
+def hf_sampling_options() -> tuple[str, ...]:
+    """HF's own options among `sampling_options` (HF's warpers)."""
+    return tuple(name for name, row in ROWS.items() if row.sampling and not row.community)
+
+
+def per_row_options() -> tuple[str, ...]:
+    """The options that take one value per row."""
+    return tuple(name for name, row in ROWS.items() if row.per_row)
+
+
+def sampling_processors() -> frozenset[str]:
+    """The class names of every warper (HF's and ours): a greedy row runs none of them."""
+    return frozenset(kind for row in ROWS.values() if row.sampling for kind in row.classes)
+
+
+class _Community(Mapping[str, OptionRow]):
+    """The rows of `hfbridge.processors`' options, read live from `ROWS`."""
+
+    def __getitem__(self, name: str) -> OptionRow:
+        row = ROWS[name]
+        if not row.community:
+            raise KeyError(name)
+        return row
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, row in ROWS.items() if row.community)
+
+    def __len__(self) -> int:
+        return sum(1 for row in ROWS.values() if row.community)
+
+
+def community_rows() -> Mapping[str, OptionRow]:
+    """The rows of `hfbridge.processors`' samplers (a live view of `ROWS`)."""
+    return _Community()
+
+
+def plain_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` with NumPy values made Python's: `np.float32(0.7)` -> 0.7, `np.array([1, 2])` -> [1, 2].
+
+    >>> import numpy as np
+    >>> plain_options({"temperature": np.float32(0.5), "top_k": np.array([1, 2])})
+    {'temperature': 0.5, 'top_k': [1, 2]}
+    """
+    return {name: plain(value) for name, value in options.items()}

@@ -1,0 +1,270 @@
+"""What a `Sampler` keeps across steps, and a step recorded processor by processor.
+
+`SamplerState` (inherited by `Sampler`) holds `step`, the step a generation loop calls
+(`StepResult`), and forwards the stateful protocol (`processors/_stateful.py`: `reset`, `reorder`,
+`rollback`) to every processor that keeps state per row, wherever it sits: in the chain, inside a
+per-row group (`PerRowProcessor`), or copied for one row of a generator list. `explain` runs the
+step once with each processor's output recorded and returns the step's own tokens (what
+`explain_step` shows).
+
+>>> import torch
+>>> from hfbridge._step.sampler import Sampler
+>>> sampler = Sampler(mirostat=2, mirostat_tau=1.0)
+>>> tokens = sampler(torch.tensor([[0.0, 3.0, 1.0]]), torch.tensor([[0]]))
+>>> sampler.is_stateful, sampler.processors[-1].mu.tolist()
+(True, [2.0])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+from transformers import LogitsProcessorList
+
+from hfbridge._step.option_table import sampling_processors
+from hfbridge._step.processor_list import check_processor_output
+from hfbridge._step.routes import greedy_choice
+from hfbridge.processors._stateful import is_stateful
+
+__all__ = ["SamplerState", "StepResult", "first_warper", "replayed"]
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What `Sampler.step` returns.
+
+    Attributes:
+        tokens: `(rows,)` int64 the chosen tokens.
+        scores: `(rows, vocab)` the processed scores (exact path), or None (the fast path keeps none).
+        invalid: `(rows,)` bool on the device, True for a row with nothing to choose; None when checked already.
+        explain: Raises exact mode's error for the invalid rows (reads the device); None with `invalid`.
+    """
+
+    tokens: torch.Tensor
+    scores: torch.Tensor | None
+    invalid: torch.Tensor | None
+    explain: Callable[[], None] | None
+
+
+class SamplerState:
+    """The stateful protocol and `explain`; `Sampler` provides the attributes and stages declared here."""
+
+    _processors: Any
+    _rows: Any
+    _plan: Any
+    _batch_rows: int
+    _head_length: int
+    _fast_valid: Any
+    _last_fast: Any
+    generator: Any
+    fast: bool
+    do_sample: bool
+
+    def _check_vocab(self, vocab: int) -> None:
+        raise NotImplementedError
+
+    def _processors_on(self, device: torch.device) -> Any:
+        raise NotImplementedError
+
+    def _check_rows_per_row(self, rows: int) -> None:
+        raise NotImplementedError
+
+    def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: Any, lent: bool,
+                   head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
+        raise NotImplementedError
+
+    def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def check_rows(self, invalid: bool | None = None) -> None:
+        raise NotImplementedError
+
+    @property
+    def _one_generator(self) -> torch.Generator | None:
+        raise NotImplementedError
+
+    _float_copy: Callable[[torch.Tensor], torch.Tensor]  # `StepInputs._float_copy`
+    next_tokens: Callable[..., torch.Tensor]
+    process: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    invalid_rows: Any
+    _raise_bad_rows: Callable[..., None]
+
+    _vocab_checked: int | None
+
+    def step(self, input_ids: torch.Tensor, rows: torch.Tensor, *, scores: torch.Tensor | None = None) -> StepResult:
+        """The step a generation loop calls: the processors, then the choice (exact or fast, per-row groups
+        and generators as set up), with no host read where the choice needs none.
+
+        Args:
+            input_ids: `(rows, seq)` the tokens so far.
+            rows: `(rows, vocab)` the model's logits; read, never written.
+            scores: Exact path only: a float32 copy of `rows` the processors may write into (a loop
+                keeping HF's raw logits passes the very tensor it keeps); default: one made here.
+
+        Returns:
+            A `StepResult`: the tokens, the processed scores (None on the fast path), and the rows that
+            had nothing to choose as a `(rows,)` bool on the device (None where the choice already
+            raised: exact sampling's `torch.multinomial` reads its input), with `explain()` to raise
+            exact mode's error for them.
+
+        >>> from hfbridge._step.sampler import Sampler
+        >>> result = Sampler(top_k=1, do_sample=True).step(None, torch.tensor([[0.0, 3.0, 1.0]]))
+        >>> result.tokens.tolist(), result.invalid
+        ([1], None)
+        """
+        if self.fast and self.do_sample:
+            tokens = self.next_tokens(input_ids, rows, check=False)
+            return StepResult(tokens, None, self.invalid_rows, lambda: self.check_rows(True))
+        scores = self.process(input_ids, self._float_copy(rows) if scores is None else scores)  # [N, V]
+        if self.do_sample:
+            return StepResult(self.choose(scores, raw=rows), scores, None, None)
+        tokens, best = greedy_choice(scores)  # [N], [N]: the best score is the validity check too
+        invalid = ~(best > float("-inf"))
+        return StepResult(tokens, scores, invalid, lambda: self.explain_invalid(invalid, rows, scores))
+
+    def explain_invalid(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+        """Raise exact mode's `ValueError` for the rows `bad` (`(rows,)` bool) left with nothing to choose:
+        NaN or +inf in the model's logits `raw` (sampling), or processors that removed every token."""
+        self._raise_bad_rows(bad, raw, scores)
+
+    # ---- the stateful protocol, forwarded to every processor that keeps state per row ----
+
+    def _stateful(self) -> list[tuple[Any, torch.Tensor | None]]:
+        """`(processor, its rows or None for the whole batch)` for each processor that keeps state per row."""
+        found: list[tuple[Any, torch.Tensor | None]] = []
+        for processor in self._processors:
+            if is_stateful(processor):
+                found.append((processor, None))
+            for part, index in getattr(processor, "parts", ()):
+                if part is not None and is_stateful(part):
+                    found.append((part, index))
+        for copied, row in self._rows.copies.values():
+            found.append((copied, torch.tensor([row])))
+        unique: dict[int, tuple[Any, torch.Tensor | None]] = {}
+        for processor, index in found:  # a row's copy sits in the chain and in the copies: once
+            unique.setdefault(id(processor), (processor, index))
+        return list(unique.values())
+
+    @property
+    def is_stateful(self) -> bool:
+        """Whether a processor of this sampler keeps state per row (mirostat): loops call `reset`,
+        `reorder` and `rollback` then."""
+        return bool(self._stateful())
+
+    def reset(self) -> None:
+        """Forget every row's state (a new sequence for every row): `sample_step` does this at each call."""
+        for processor, _ in self._stateful():
+            processor.reset()
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Row `i` now continues what row `beam_idx[i]` was (HF's beam reorder), for every stateful processor."""
+        for processor, index in self._stateful():
+            processor.reorder(beam_idx if index is None else _local(beam_idx, index))
+
+    def rollback(self, lengths: Any) -> None:
+        """Each row now has `lengths[i]` tokens (an int: every row): its state goes back to that point."""
+        if not isinstance(lengths, torch.Tensor):
+            lengths = torch.full((self._batch_rows,), int(lengths), dtype=torch.long)
+        for processor, index in self._stateful():
+            processor.rollback(lengths if index is None else lengths.index_select(0, index.to(lengths.device)))
+
+    def explain(self, input_ids: torch.Tensor, rows: torch.Tensor
+                ) -> tuple[list[tuple[Any, torch.Tensor]], torch.Tensor]:
+        """One step that records what each processor did: `([(processor, (rows, vocab) scores after it)], tokens)`.
+
+        Each processor runs once (a stateful one, yours included, takes one step); the tokens are the
+        ones `next_tokens` returns for the same state and seed, exact or fast, per-row groups and
+        generator lists included (the fast path hands back the recorded outputs of processors not from
+        transformers instead of running them again). `explain_step` is this, shown.
+
+        >>> from hfbridge._step.sampler import Sampler
+        >>> trace, tokens = Sampler(top_k=1, do_sample=True).explain(None, torch.tensor([[0.0, 3.0, 1.0]]))
+        >>> [type(p).__name__ for p, _ in trace], tokens.tolist()
+        (['TopKLogitsWarper'], [1])
+        """
+        if rows.shape[-1] != self._vocab_checked:
+            self._check_vocab(rows.shape[-1])
+        processors = self._processors_on(rows.device)
+        self._check_rows_per_row(rows.shape[0])
+        self._batch_rows = rows.shape[0]
+        ids = cast(torch.LongTensor, input_ids)
+        scores = self._float_copy(rows)  # [N, V]
+        outputs: list[tuple[Any, torch.Tensor]] = []
+        for index, processor in enumerate(processors):
+            scores = check_processor_output(processor, scores, processor(ids, scores.clone()), index=index)
+            outputs.append((processor, scores))
+        if not (self.fast and self.do_sample):
+            return outputs, self.choose(scores, raw=rows)
+        from hfbridge._step.fast.fast_path import fast_draw
+
+        replays: dict[int, torch.Tensor] = {}
+        for processor, output in outputs:
+            replays[id(processor)] = output
+            for part, _ in getattr(processor, "parts", ()):
+                if part is not None:
+                    replays[id(part)] = output
+        result: Any
+        if self._plan is not None or isinstance(self.generator, (list, tuple)):
+            start = self._head_length
+            head = outputs[start - 1][1].clone() if start else None
+            result = self._fast_rows(input_ids, rows, processors, False, head_output=head, replays=replays)
+        else:
+            replayed = LogitsProcessorList(p if _from_transformers(p) else _Replay(output, None)
+                                           for p, output in outputs)
+            result = fast_draw(input_ids, self._float_copy(rows), replayed, self._one_generator)
+        known = result.known_valid
+        self._fast_valid = known if known is not None else result.valid
+        self._last_fast = (result, rows)
+        self.check_rows()
+        return outputs, result.tokens
+
+
+
+def first_warper(processors: Sequence[Any]) -> int:
+    """The place of the chain's first warper (HF's or ours, or a per-row one); the length when there is none."""
+    warpers = sampling_processors() | {"PerRowTemperature"}
+    for place, processor in enumerate(processors):
+        if type(processor).__name__ in warpers or getattr(processor, "name", None) in warpers:
+            return place
+    return len(processors)
+
+
+def _local(beam_idx: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`beam_idx` for the rows `index` of the batch, in their own numbering; a row of the group must
+    continue a row of the same group (one host read, only for per-row groups of a stateful processor)."""
+    index = index.to(beam_idx.device)
+    position = torch.full((beam_idx.shape[0],), -1, dtype=torch.long, device=beam_idx.device)
+    position[index] = torch.arange(index.shape[0], device=beam_idx.device)
+    local = position[beam_idx.long().index_select(0, index)]
+    if bool((local < 0).any()):
+        raise ValueError("`reorder`: a row would continue a row with other per-row values; beams of one prompt "
+                         "must share its values.")
+    return local
+
+
+class _Replay:
+    """Stands in for a processor that already ran for this step: hands back (a copy of) its output's rows."""
+
+    def __init__(self, output: torch.Tensor, index: torch.Tensor | None):
+        self.output, self.index = output, index  # [N, V], (n,)
+
+    def __call__(self, input_ids: Any, scores: torch.Tensor) -> torch.Tensor:
+        if self.index is None or self.index.shape[0] == self.output.shape[0]:
+            return self.output.clone()
+        return self.output.index_select(0, self.index.to(self.output.device))  # [n, V]
+
+
+def replayed(own: Sequence[Any], replays: dict[int, torch.Tensor], index: torch.Tensor, start: int,
+              processors: Sequence[Any]) -> list[Any]:
+    """A unit's tail with every processor not from transformers replaced by its recorded output's rows."""
+    del start, processors
+    return [processor if _from_transformers(processor) or id(processor) not in replays
+            else _Replay(replays[id(processor)], index) for processor in own]
+
+
+def _from_transformers(processor: Any) -> bool:
+    """HF's own processors are pure functions of `(input_ids, scores)`: running one twice is harmless."""
+    return type(processor).__module__.split(".")[0] == "transformers"

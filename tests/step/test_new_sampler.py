@@ -1,0 +1,89 @@
+"""A new sampler is one `LogitsProcessor` class plus its rows in the option registry, and then works through
+every entry point: keywords, a `GenerationConfig`, per-row values, `explain_step`, hfbridge's `generate`
+and transformers' own `generate`. The sampler here is an example written for this test."""
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessor
+
+from hfbridge import explain_step, generate, sample_step
+from hfbridge._step.option_table import OptionRow, register, unregister
+from hfbridge.processors._rows import RowParam
+
+from _tiny_models import tiny_gpt2
+
+
+class TopDampLogitsWarper(LogitsProcessor):
+    """Lowers each row's best score by `amount` (a warper: it applies when sampling). One value, or one per row."""
+
+    def __init__(self, amount=0.0):
+        self.amount = RowParam("amount", amount, minimum=0.0)
+
+    def __call__(self, input_ids, scores):
+        amount = self.amount.tensor(scores.shape[0], scores.device, scores.dtype)[:, None]  # [B, 1]
+        best = scores.argmax(-1, keepdim=True)
+        return scores.scatter(1, best, scores.gather(1, best) - amount)
+
+
+ROW = OptionRow("top_damp", TopDampLogitsWarper, argument="amount", off=0.0, default=0.0, switch=True,
+                sampling=True, bounds={"minimum": 0.0}, place="after_temperature")
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    register(ROW)
+    yield
+    unregister("top_damp")
+
+
+def G(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def reference(x, amount, seed):
+    """The class alone on the scores, then HF's draw (softmax, multinomial)."""
+    scores = TopDampLogitsWarper(amount)(None, x.clone())
+    return torch.multinomial(torch.softmax(scores, -1), 1, generator=G(seed)).squeeze(1)
+
+
+X = torch.tensor([[4.0, 3.0, 0.0, -1.0], [1.0, 3.5, 3.0, 0.0]])
+
+
+def test_keyword():
+    assert torch.equal(sample_step(X, top_damp=2.0, top_k=0, generator=G(1)), reference(X, 2.0, 1))
+
+
+def test_generation_config():
+    config = GenerationConfig(top_damp=2.0, top_k=0, do_sample=True)
+    assert torch.equal(sample_step(X, generation_config=config, generator=G(1)), reference(X, 2.0, 1))
+
+
+def test_per_row_values():
+    got = sample_step(X, top_damp=[0.0, 3.0], top_k=0, generator=[G(1), G(2)])
+    assert got.tolist() == [int(reference(X[r:r + 1], [0.0, 3.0][r], 1 + r)) for r in range(2)]
+
+
+def test_checks_name_the_option():
+    with pytest.raises(ValueError) as error:
+        sample_step(X, top_damp=-1.0)
+    assert str(error.value) == "`top_damp` must be >= 0.0, got -1.0."
+    with pytest.raises(ValueError) as error:
+        sample_step(X, generation_config=GenerationConfig(top_damp=[1.0, float("nan")]))
+    assert str(error.value) == "`top_damp[1]` (row 1) must be a finite number, got nan (in `generation_config`)."
+
+
+def test_explain_step():
+    trace = explain_step(X, top_damp=2.0, top_k=0, generator=G(1), row=1)
+    assert [stage.name.rsplit(".", 1)[-1] for stage in trace.stages] == ["input", "TopDampLogitsWarper"]
+    assert trace.token == int(reference(X, 2.0, 1)[1])
+
+
+def test_generate_and_transformers_generate():
+    model = tiny_gpt2()
+    prompt = torch.tensor([[5, 9, 13]])
+    torch.manual_seed(0)
+    theirs = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, max_new_tokens=5,
+                            logits_processor=[TopDampLogitsWarper(3.0)], pad_token_id=0)
+    torch.manual_seed(0)
+    ours = generate(model, prompt, max_new_tokens=5, do_sample=True, top_damp=3.0, pad_token_id=0)
+    assert torch.equal(ours, theirs)
