@@ -25,6 +25,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
 
 from hfbridge._generate.args import check_config, checked_arguments, has_default_max_length
+from hfbridge._generate.banned_loop import BannedLoop, check_adapter, make_bans, split_banned
 from hfbridge._generate.guidance import split_guidance, unconditional_branch
 from hfbridge._generate.hf_loops.beam import check_beam_options
 from hfbridge._generate.loop import LoopOptions, pads_finished
@@ -56,6 +57,7 @@ class Call:
     # The user's own processors, prefix_allowed_tokens_fn or stopping criteria run at every step:
     # they may keep state, so the loop stops where HF stops (see `LoopOptions.check_every`).
     user_code: bool = False
+    banned: BannedLoop | None = None  # banned strings and patterns (`banned_loop.py`)
 
 
 def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> Call:
@@ -64,6 +66,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     tokenizer, fast, assistant_model = options.tokenizer, options.fast, options.assistant_model
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
     kwargs, guidance = split_guidance(options.kwargs)
+    kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
     kwargs, per_row = split_per_row(kwargs)  # one value per prompt (`_step/per_row.py`)
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
@@ -129,16 +132,25 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
                                     unconditional=unconditional, tokenizer=tokenizer,
                                     per_row=per_row)
+    refused = ("beam search" if is_beam(config) else "assisted decoding" if is_assisted(config, assistant_model)
+               else "classifier-free guidance (guidance_scale)" if unconditional is not None else None)
+    bans = make_bans(banned_options, tokenizer, strategy=refused)
+    banned = None
+    if bans is not None:
+        check_adapter(adapter)
+        banned = BannedLoop(bans, rows=batch * expand, prompt_length=prompt_length, streamer=streamer,
+                            generator=generator)
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
-        state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model))
+        state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model),
+                              rollback=bans is not None)
     return_dict = bool(config.return_dict_in_generate)
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
                  prompts=batch, expand=expand,
                  scores=() if return_dict and config.output_scores else None,
                  raw_logits=() if return_dict and config.output_logits else None,
                  user_code=(bool(options.processors) or options.prefix_allowed_tokens_fn is not None
-                           or bool(options.stopping_criteria)))
+                           or bool(options.stopping_criteria)), banned=banned)
 
 
 def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:
