@@ -88,9 +88,10 @@ class _Row:
         self.text = ""
         self.pos = 0  # look for matches from this character on
         self.hold = 0  # generated tokens that no rollback can take back any more
+        self.marks: list[tuple[int, int]] = []  # (pos, hold) after each column: restored by a rollback
         self.forbidden: dict[int, set[int]] = {}  # generated index -> token ids tried there
         self.tries: dict[int, int] = {}  # generated index -> rollbacks to it
-        self.forced: list[int] = []  # tokens to replay, from the next column on
+        self.forced: list[tuple[int, tuple[int, int]]] = []  # (token, its marks) to replay, from the next column
 
     @property
     def live(self) -> bool:
@@ -102,6 +103,8 @@ class _Row:
         if self.real is not None and self.real > keep:
             self.real = None
         del self.ends[keep:]
+        del self.marks[keep:]
+        self.pos, self.hold = self.marks[-1] if self.marks else (0, 0)
 
 
 class BannedStrings:
@@ -202,7 +205,7 @@ class BannedStrings:
         rows = self.forced_rows()
         if not rows:
             return tokens
-        values = torch.tensor([self._rows[row].forced[0] for row in rows], dtype=tokens.dtype, device=tokens.device)
+        values = torch.tensor([self._rows[row].forced[0][0] for row in rows], dtype=tokens.dtype, device=tokens.device)
         out = tokens.clone()
         out[torch.tensor(rows, device=tokens.device)] = values
         return out
@@ -219,24 +222,24 @@ class BannedStrings:
         prompt = self._prompt()
         cuts: dict[int, tuple[int, Ban, int]] = {}  # row -> (generated tokens kept, ban, match start)
         for row, (state, token) in enumerate(zip(self._rows, column)):
-            replayed = bool(state.forced)
-            if replayed:
-                state.forced.pop(0)
+            replayed = state.forced.pop(0)[1] if state.forced else None
             was_live = state.live
             state.columns.append(token)
-            if not was_live:
-                state.hold = len(state.columns)
-                continue
-            if live is not None and not live[row]:
+            if was_live and live is not None and not live[row]:
                 state.real = len(state.columns)
-            self._decode(state)
-            if replayed:
-                continue  # its own tokens again: checked the first time
+            if was_live:
+                self._decode(state)
+            if replayed is not None or not was_live:
+                # its own token again (checked the first time), or padding after its end
+                state.pos, state.hold = replayed if replayed is not None else (state.pos, len(state.columns))
+                state.marks.append((state.pos, state.hold))
+                continue
             done = final or not state.live
             verdict = check_text(self.bans, state.text, state.pos, final=done)
             state.pos = verdict.hold
             state.hold = bisect.bisect_right(state.ends, verdict.hold) if not done or verdict.match is not None \
                 else len(state.columns)
+            state.marks.append((state.pos, state.hold))
             if verdict.match is not None:
                 assert verdict.pattern is not None
                 cuts[row] = (bisect.bisect_right(state.ends, verdict.match), verdict.pattern, verdict.match)
@@ -270,7 +273,7 @@ class BannedStrings:
         earliest = min(keep for keep, _, _ in cuts.values())
         for row, state in enumerate(self._rows):
             own = cuts[row][0] if row in cuts else len(state.columns)
-            state.forced = state.columns[earliest:own] + state.forced
+            state.forced = list(zip(state.columns[earliest:own], state.marks[earliest:own])) + state.forced
             state.cut(earliest)
             if row in cuts:
                 for table in (state.forbidden, state.tries):  # positions after its own cut: another prefix
@@ -278,8 +281,6 @@ class BannedStrings:
                         del table[index]
             real = state.columns if state.real is None else state.columns[: state.real]
             state.text = self.tokenizer.decode(real) if real else ""
-            state.pos = min(state.pos, state.ends[-1] if state.ends else 0)
-            state.hold = min(state.hold, earliest)
         return earliest
 
     def committed(self) -> int:
