@@ -85,6 +85,7 @@ class _Row:
         self.columns: list[int] = []  # every generated column (a finished row's padding included)
         self.real: int | None = None  # columns that are real tokens, once the row has finished
         self.ends: list[int] = []  # ends[k]: length of the stable text of the first k + 1 real tokens
+        self.clean: list[bool] = []  # clean[k]: that text ended on a whole character
         self.text = ""
         self.pos = 0  # look for matches from this character on
         self.hold = 0  # generated tokens that no rollback can take back any more
@@ -103,6 +104,7 @@ class _Row:
         if self.real is not None and self.real > keep:
             self.real = None
         del self.ends[keep:]
+        del self.clean[keep:]
         del self.marks[keep:]
         self.pos, self.hold = self.marks[-1] if self.marks else (0, 0)
 
@@ -237,20 +239,30 @@ class BannedStrings:
             done = final or not state.live
             verdict = check_text(self.bans, state.text, state.pos, final=done)
             state.pos = verdict.hold
-            state.hold = bisect.bisect_right(state.ends, verdict.hold) if not done or verdict.match is not None \
+            state.hold = self._boundary(state, verdict.hold) if not done or verdict.match is not None \
                 else len(state.columns)
             state.marks.append((state.pos, state.hold))
             if verdict.match is not None:
                 assert verdict.pattern is not None
-                cuts[row] = (bisect.bisect_right(state.ends, verdict.match), verdict.pattern, verdict.match)
+                cuts[row] = (self._boundary(state, verdict.match), verdict.pattern, verdict.match)
         if not cuts:
             return None
         return prompt + self._roll_back(cuts)
+
+    @staticmethod
+    def _boundary(state: _Row, char: int) -> int:
+        """How many of the row's tokens lie wholly before character `char`: the token after them is the one in
+        which `char` begins (a token that left a character incomplete belongs with the token completing it)."""
+        count = bisect.bisect_right(state.ends, char)
+        while count > 0 and not state.clean[count - 1]:
+            count -= 1
+        return count
 
     def _decode(self, state: _Row) -> None:
         real = state.columns if state.real is None else state.columns[: state.real]
         state.text = self.tokenizer.decode(real)
         state.ends.append(stable_length(state.text, final=False))
+        state.clean.append(state.ends[-1] == len(state.text))  # no character left incomplete
 
     def _roll_back(self, cuts: dict[int, tuple[int, Ban, int]]) -> int:
         """Cut every row back to the earliest kept length; the others replay their tokens. Returns that length."""
