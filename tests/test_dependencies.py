@@ -8,8 +8,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hfbridge"
 DECLARED = {"torch", "transformers", "einops"}
-# numpy: the CPU routes read tensors through NumPy views; transformers requires numpy unconditionally.
-VIA_TRANSFORMERS = {"numpy"}
+# numpy: the CPU routes read tensors through NumPy views; regex: banned patterns (partial matches).
+# transformers requires both unconditionally.
+VIA_TRANSFORMERS = {"numpy", "regex"}
 OPTIONAL = {"matplotlib", "IPython", "tqdm", "xgrammar", "tokenizers"}  # imported inside functions, with a hint
 
 
@@ -30,6 +31,7 @@ def test_module_level_imports_are_declared_or_come_with_transformers():
     assert third_party <= DECLARED | VIA_TRANSFORMERS | OPTIONAL, third_party - DECLARED - VIA_TRANSFORMERS
 
 
-def test_transformers_requires_numpy_unconditionally():
+def test_transformers_requires_numpy_and_regex_unconditionally():
     requirements = importlib.metadata.requires("transformers") or []
-    assert any(re.match(r"numpy\s*[>=<~ ]", r) and "extra ==" not in r for r in requirements), requirements
+    for name in sorted(VIA_TRANSFORMERS):
+        assert any(re.match(name + r"\s*[!>=<~ ]", r) and "extra ==" not in r for r in requirements), requirements

@@ -35,7 +35,7 @@ from hfbridge._generate.banned import DEFAULT_MAX_REWINDS, BannedStrings
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.rollback import rollback_processors
 
-__all__ = ["BannedLoop", "OPTIONS", "split_banned"]
+__all__ = ["OPTIONS", "BannedLoop", "split_banned"]
 
 # generate's keyword -> BannedStrings' argument
 OPTIONS = {"banned_strings": "strings", "banned_regex": "regex", "banned_max_rewinds": "max_rewinds"}

@@ -33,7 +33,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-import regex
+import regex  # type: ignore[import-untyped]  # transformers' dependency; no stubs installed
 
 __all__ = ["Ban", "Verdict", "check_text", "compile_bans", "stable_length"]
 

@@ -11,12 +11,12 @@ import re
 
 import pytest
 import torch
+from _banned_reference import leftmost_decided, pieces_tokenizer, reference_row
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hfbridge import BannedStrings, Hooks, InputPos, ModelAdapter, Recompute, ReturnsCache, generate
 
-from _banned_reference import leftmost_decided, pieces_tokenizer, reference_row
 from _tiny_models import TinyCached, TinyCore, TinyFast, TinyMasked, TinyRecompute
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")

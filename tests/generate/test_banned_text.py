@@ -57,7 +57,7 @@ def _byte_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    byte_to_char = {b: c for b, c in zip(sorted(range(256), key=lambda b: b), _bytes_to_unicode())}
+    byte_to_char = dict(enumerate(_bytes_to_unicode()))
     assert set(byte_to_char.values()) == set(alphabet)
     backend = Tokenizer(models.BPE(vocab={byte_to_char[b]: b for b in range(256)}, merges=[]))
     backend.decoder = decoders.ByteLevel()
