@@ -358,3 +358,13 @@ def test_the_callers_tensors_and_lists_are_untouched():
     strings, before = ["ab", "c d"], prompts.clone()
     generate(TinyRecompute(core), prompts, max_new_tokens=8, tokenizer=TOK, banned_strings=strings)
     assert torch.equal(prompts, before) and strings == ["ab", "c d"]
+
+
+def test_the_docs_page_examples_run():
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "banned_strings.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, "docs/banned_strings.md", "exec"), {})
