@@ -144,7 +144,11 @@ class BannedLoop:
         # the next call feeds the last kept token and gives the logits of position `cut`
         call.state = adapter.crop(call.state, cut - 1)
         lengths = torch.full((call.sequences.shape[0],), cut, dtype=torch.long, device=call.sequences.device)
-        rollback_processors(call.sampler.processors, lengths)
+        forward = getattr(call.sampler, "rollback", None)  # a Sampler that forwards the stateful protocol itself
+        if callable(forward):
+            forward(lengths)
+        else:
+            rollback_processors(call.sampler.processors, lengths)
         finished.rewind(torch.tensor(self.bans.live_rows(), dtype=torch.bool, device=call.sequences.device))
 
     def _send(self, sequences: torch.Tensor, upto: int) -> None:

@@ -368,3 +368,28 @@ def test_the_docs_page_examples_run():
     assert len(blocks) == 2
     for block in blocks:
         exec(compile(block, "docs/banned_strings.md", "exec"), {})
+
+
+def test_mirostat_state_equals_a_run_that_never_saw_the_rewound_tokens():
+    from hfbridge.processors import MirostatLogitsWarper
+
+    if not callable(getattr(MirostatLogitsWarper(), "rollback", None)):
+        pytest.skip("MirostatLogitsWarper does not follow the stateful protocol in this checkout")
+    core = TinyCore(vocab=V, seed=5)
+    model = TinyRecompute(core)
+    prompts = torch.tensor([[5, 9], [7, 3]])
+    warper = MirostatLogitsWarper(tau=2.0, eta=0.5)
+    bans = BannedStrings(TOK, ["ab", "cd", "b a"], regex=[r"[ce]{2}"])
+    generators = [torch.Generator().manual_seed(row) for row in range(2)]
+    out = generate(model, prompts, max_new_tokens=12, banned_strings=bans, processors=[warper], do_sample=True,
+                   generator=generators)
+    assert bans.rewinds
+    # a fresh warper fed the final sequences (the same logits, the same forbidden tokens) reaches the same mu
+    fresh = MirostatLogitsWarper(tau=2.0, eta=0.5)
+    for length in range(2, out.shape[1]):
+        scores = model(out[:, :length])[:, -1].float().clone()
+        for row in range(2):
+            for token in bans._rows[row].forbidden.get(length - 2, ()):
+                scores[row, token] = float("-inf")
+        fresh(out[:, :length], scores)
+    assert torch.equal(warper.mu, fresh.mu)
