@@ -149,7 +149,7 @@ def test_dry_prevents_a_repeat_in_generate():
     (dict(xtc_probability=1.5), r"^`xtc_probability` must be <= 1.0, got 1.5.$"),
     (dict(xtc_probability=0.5, xtc_threshold=0.0), r"^`xtc_threshold` must be > 0.0, got 0.0.$"),
     (dict(top_n_sigma=0.0), r"^`top_n_sigma` must be > 0.0, got 0.0.$"),
-    (dict(mirostat=1), r"^`mirostat` must be 0 \(off\) or 2"),
+    (dict(mirostat=3), r"^`mirostat` must be 0 \(off\), 1 \(mirostat 1.0\) or 2"),
     (dict(mirostat=2, mirostat_tau=-1.0), r"^`mirostat_tau` must be > 0.0, got -1.0.$"),
     (dict(smoothing_factor=0.5, smoothing_curve=0.2), r"^`smoothing_curve` must be >= 1.0, got 0.2.$"),
     (dict(dynatemp_range=-0.1), r"^`dynatemp_range` must be >= 0.0, got -0.1.$"),

@@ -11,12 +11,17 @@ works like the keyword. `add_processors` builds the processors and puts them in 
 2. `DynamicTemperatureLogitsWarper` in place of `TemperatureLogitsWarper` (`dynatemp_range > 0`),
    then `SmoothingLogitsWarper` and `TopNSigmaLogitsWarper` right after the temperature;
 3. `XTCLogitsWarper` after HF's truncation warpers (top-k, top-p, min-p, typical, epsilon, eta, top-h);
-4. `MirostatLogitsWarper` (`mirostat=2`) last (before HF's `LogitNormalization`, if any).
+4. `MirostatLogitsWarper` (`mirostat=2`) or `MirostatV1LogitsWarper` (`mirostat=1`) last (before
+   HF's watermarks and `LogitNormalization`, if any), or `AdaptivePLogitsWarper` (`adaptive_target >= 0`);
+5. `ThinkingBudgetLogitsProcessor` (`thinking_budget`) first (after HF's guidance, if any), as
+   llama.cpp adds its reasoning budget first: the token it forces stays the only one left;
+6. `sampler_order` (llama.cpp's `--samplers`), last: the named samplers trade places
+   (`_step/sampler_order.py`).
 
 The warpers (2-4) apply when sampling, as HF's; passing one of their options turns sampling on.
 
 >>> sorted(OPTIONS)[:3]
-['dry_allowed_length', 'dry_base', 'dry_multiplier']
+['adaptive_decay', 'adaptive_target', 'dry_allowed_length']
 >>> check_community({"dry_base": 0.5})
 Traceback (most recent call last):
 ...
@@ -32,12 +37,16 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
+from hfbridge._step import sampler_order
 from hfbridge.processors import (
+    AdaptivePLogitsWarper,
     DRYLogitsProcessor,
     DynamicTemperatureLogitsWarper,
     MirostatLogitsWarper,
+    MirostatV1LogitsWarper,
     PresenceFrequencyPenaltyLogitsProcessor,
     SmoothingLogitsWarper,
+    ThinkingBudgetLogitsProcessor,
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
 )
@@ -56,9 +65,30 @@ def _rows(**bounds: Any) -> Callable[[str, Any], None]:
 
 def _mirostat(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int (0 = off, 2 = mirostat 2.0), got {described(value)}.")
-    if value not in (0, 2):
-        raise ValueError(f"`{name}` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got {value!r}.")
+        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), "
+                        f"got {described(value)}.")
+    if value not in (0, 1, 2):
+        raise ValueError(f"`{name}` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {value!r}.")
+
+
+def _tag(name: str, value: Any, *, empty: bool = False) -> None:
+    # a string (tokenized with the tokenizer when the processor is built) or token ids
+    if isinstance(value, str):
+        if not value and not empty:
+            raise ValueError(f"`{name}` is an empty string.")
+        return
+    if isinstance(value, torch.Tensor) and value.ndim == 1 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in value):
+        raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
+    if not value and not empty:
+        raise ValueError(f"`{name}` is empty: give at least one token id.")
+
+
+def _message(name: str, value: Any) -> None:
+    _tag(name, value, empty=True)
 
 
 def _breakers(name: str, value: Any) -> None:
@@ -105,12 +135,24 @@ OPTIONS: dict[str, Option] = {
     "mirostat": Option(0, _mirostat, MirostatLogitsWarper),
     "mirostat_tau": Option(5.0, _rows(above=0.0), MirostatLogitsWarper),
     "mirostat_eta": Option(0.1, _rows(above=0.0), MirostatLogitsWarper),
+    # -- mirostat 1.0 (`mirostat=1`, with `mirostat_tau` and `mirostat_eta` above) --
+    "mirostat_m": Option(100, _rows(integer=True, minimum=1), MirostatV1LogitsWarper),
+    # -- adaptive-p --
+    "adaptive_target": Option(-1.0, _rows(maximum=1.0), AdaptivePLogitsWarper),
+    "adaptive_decay": Option(0.9, _rows(minimum=0.0, maximum=0.99), AdaptivePLogitsWarper),
+    # -- a thinking budget (greedy or sampling) --
+    "thinking_budget": Option(None, _rows(integer=True, minimum=0), ThinkingBudgetLogitsProcessor),
+    "thinking_start": Option("<think>", _tag, ThinkingBudgetLogitsProcessor),
+    "thinking_end": Option("</think>", _tag, ThinkingBudgetLogitsProcessor),
+    "thinking_budget_message": Option(None, _message, ThinkingBudgetLogitsProcessor),
+    # -- the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling) --
+    "sampler_order": Option(None, sampler_order.check_order, type(None)),
 }
 
 # Options of the warpers: passing one means sampling, as HF's `temperature` or `top_p` does.
 WARPER_OPTIONS = tuple(name for name, row in OPTIONS.items() if row.processor in (
     DynamicTemperatureLogitsWarper, SmoothingLogitsWarper, TopNSigmaLogitsWarper, XTCLogitsWarper,
-    MirostatLogitsWarper))
+    MirostatLogitsWarper, MirostatV1LogitsWarper, AdaptivePLogitsWarper))
 
 
 def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -192,6 +234,8 @@ def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = N
             raise type(error)(str(error).replace("`sequence_breakers", "`dry_sequence_breakers")) from None
         built["dry"] = _named(dry, {"multiplier": "dry_multiplier", "base": "dry_base",
                                     "allowed_length": "dry_allowed_length", "penalty_last_n": "dry_penalty_last_n"})
+    if v["thinking_budget"] is not None:
+        built["thinking_budget"] = _thinking_budget(v, tokenizer, prompt_length)
     if not config.do_sample:
         return built
     if _active(v["dynatemp_range"], lambda x: x == 0):
@@ -214,7 +258,38 @@ def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = N
     if v["mirostat"] == 2:
         built["mirostat"] = _named(MirostatLogitsWarper(v["mirostat_tau"], v["mirostat_eta"]),
                                    {"tau": "mirostat_tau", "eta": "mirostat_eta"})
+    if v["mirostat"] == 1:
+        built["mirostat"] = _named(MirostatV1LogitsWarper(v["mirostat_tau"], v["mirostat_eta"], v["mirostat_m"]),
+                                   {"tau": "mirostat_tau", "eta": "mirostat_eta", "m": "mirostat_m"})
+    if _active(v["adaptive_target"], lambda x: x < 0):
+        if "mirostat" in built:
+            raise ValueError("`mirostat` and `adaptive_target` both choose the final token from a distribution of "
+                             "their own (llama.cpp runs one or the other): pass one of them.")
+        built["adaptive_p"] = _named(AdaptivePLogitsWarper(v["adaptive_target"], v["adaptive_decay"]),
+                                     {"target": "adaptive_target", "decay": "adaptive_decay"})
+    if v["sampler_order"] is not None and "mirostat" in built:
+        raise ValueError("`sampler_order` orders llama.cpp's sampler chain, which `mirostat` replaces (llama.cpp "
+                         "ignores the order then): pass one of them.")
     return built
+
+
+_THINKING_NAMES = {"`budget": "`thinking_budget", "`start_ids": "`thinking_start", "`end_ids": "`thinking_end",
+                   "`message_ids": "`thinking_budget_message"}
+
+
+def _thinking_budget(v: Mapping[str, Any], tokenizer: Any, prompt_length: int | None) -> ThinkingBudgetLogitsProcessor:
+    try:
+        budget = ThinkingBudgetLogitsProcessor(v["thinking_budget"], v["thinking_start"], v["thinking_end"],
+                                               v["thinking_budget_message"], tokenizer=tokenizer,
+                                               prompt_length=prompt_length)
+    except (TypeError, ValueError) as error:
+        text = str(error)
+        for old, new in _THINKING_NAMES.items():
+            text = text.replace(old, new)
+        if tokenizer is None and "tokenizer=" in text:
+            text = text.rstrip(".") + " (the default tags are the strings '<think>' and '</think>')."
+        raise type(error)(text) from None
+    return _named(budget, {"budget": "thinking_budget"})
 
 
 _BEFORE_PENALTIES = ("UnbatchedClassifierFreeGuidanceLogitsProcessor", "SequenceBiasLogitsProcessor",
@@ -229,7 +304,10 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
                    generator: Any = None, prompt_length: int | None = None) -> LogitsProcessorList:
     """`processors` (HF's list, in HF's order) with the community processors in their places (in place)."""
     built = build(config, tokenizer=tokenizer, generator=generator, prompt_length=prompt_length)
+    order = getattr(config, "sampler_order", None)
     if not built:
+        if order is not None:
+            processors[:] = sampler_order.apply_order(list(processors), order)
         return processors
     for processor in processors:
         kind = next((k for k, p in built.items() if type(p) is type(processor)), None)
@@ -269,5 +347,12 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
         items.insert(place, built["xtc"])
     if "mirostat" in built:
         items.insert(tail(), built["mirostat"])
+    if "adaptive_p" in built:  # last: it chooses from the final distribution (llama.cpp)
+        items.insert(tail(), built["adaptive_p"])
+    if "thinking_budget" in built:  # first, as llama.cpp's: what it forces, the others keep
+        guidance = [i for i, n in enumerate(names()) if n == "UnbatchedClassifierFreeGuidanceLogitsProcessor"]
+        items.insert(guidance[-1] + 1 if guidance else 0, built["thinking_budget"])
+    if order is not None:
+        items = sampler_order.apply_order(items, order)
     processors[:] = items
     return processors

@@ -15,6 +15,9 @@ value or one value per row for each numeric parameter. Semantics follow llama.cp
 | `DynamicTemperatureLogitsWarper` | a temperature chosen from each row's entropy |
 | `SmoothingLogitsWarper` | quadratic / cubic smoothing around the best score |
 | `MirostatLogitsWarper` | mirostat 2.0: a target surprise, one state per row |
+| `MirostatV1LogitsWarper` | mirostat 1.0: a Zipf estimate sets a top-k, one state per row |
+| `AdaptivePLogitsWarper` | adaptive-p: favours tokens near a moving target probability |
+| `ThinkingBudgetLogitsProcessor` | forces the end of a thinking span after a budget of tokens |
 
 >>> import torch
 >>> from hfbridge.processors import TopNSigmaLogitsWarper
@@ -22,20 +25,26 @@ value or one value per row for each numeric parameter. Semantics follow llama.cp
 [[False, False, True]]
 """
 
+from hfbridge.processors.adaptive_p import AdaptivePLogitsWarper
 from hfbridge.processors.dry import DRYLogitsProcessor
 from hfbridge.processors.dynamic_temperature import DynamicTemperatureLogitsWarper
 from hfbridge.processors.mirostat import MirostatLogitsWarper
+from hfbridge.processors.mirostat_v1 import MirostatV1LogitsWarper
 from hfbridge.processors.penalties import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors.smoothing import SmoothingLogitsWarper
+from hfbridge.processors.thinking_budget import ThinkingBudgetLogitsProcessor
 from hfbridge.processors.top_n_sigma import TopNSigmaLogitsWarper
 from hfbridge.processors.xtc import XTCLogitsWarper
 
 __all__ = [
+    "AdaptivePLogitsWarper",
     "DRYLogitsProcessor",
     "DynamicTemperatureLogitsWarper",
     "MirostatLogitsWarper",
+    "MirostatV1LogitsWarper",
     "PresenceFrequencyPenaltyLogitsProcessor",
     "SmoothingLogitsWarper",
+    "ThinkingBudgetLogitsProcessor",
     "TopNSigmaLogitsWarper",
     "XTCLogitsWarper",
 ]

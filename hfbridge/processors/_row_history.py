@@ -1,0 +1,126 @@
+"""One state per row and per sequence length, for the stateful samplers (mirostat 1, adaptive-p, a thinking budget).
+
+A stateful sampler's state after `n` tokens, `S(n)`, depends only on those tokens. `RowHistory`
+keeps, for each row, the tokens of the last call (`ids`, `(rows, P)`) and the state each length up
+to `P` had (`states`, `(rows, P + 1, K)`, with `known` marking the lengths seen). A call with
+`input_ids` of length `L` finds, for each row, a row of the history it continues:
+
+- a **repeat**: the history row holds the same first `L` tokens and knows `S(L)`: the state is
+  `S(L)` as it was (a step taken again after a rewind, or a second `generate` from the same prompt);
+- a **continuation**: it holds the same first `L - 1` tokens and knows `S(L - 1)`: the sampler
+  updates that state with token `L` (plain decoding; `last_only=True` restricts it to the last
+  call's length, for samplers whose update needs that call's distribution);
+- neither: the row starts fresh.
+
+Rows are matched across the batch, preferring the same row, so transformers' beam search (which
+reorders rows without telling the processors) is followed too. `reorder`, `rollback` and `reset`
+are the stateful protocol's calls (`_stateful.py`); all of it runs on the device, with no host read.
+
+>>> history = RowHistory()
+>>> ids = torch.tensor([[1, 2], [3, 4]])
+>>> found = history.lookup(ids)
+>>> found.repeat.tolist(), found.previous.tolist()
+([False, False], [False, False])
+>>> history.record(ids, found, torch.tensor([[10.0], [20.0]]))
+>>> found = history.lookup(torch.tensor([[3, 4, 7], [1, 2, 9]]))    # rows swapped, one token longer
+>>> found.previous.tolist(), found.source.tolist(), found.before[:, 0].tolist()
+([True, True], [1, 0], [20.0, 10.0])
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Found", "RowHistory"]
+
+
+class Found(NamedTuple):
+    """What `RowHistory.lookup` found for each row of a call of length `L` (all `(rows,)` or `(rows, K)`)."""
+
+    source: torch.Tensor  # [B] long: the history row it continues (0 when none)
+    repeat: torch.Tensor  # [B] bool: S(L) is known
+    previous: torch.Tensor  # [B] bool: not a repeat, and S(L - 1) is known
+    at: torch.Tensor  # [B, K] S(L) where `repeat` (else anything)
+    before: torch.Tensor  # [B, K] S(L - 1) where `previous` (else anything)
+
+
+class RowHistory:
+    """The tokens and per-length states of the rows a stateful sampler has seen (see the module)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every row."""
+        self.ids: torch.Tensor | None = None  # [B, P] the last call's tokens (-1 after a rollback's cut)
+        self.states: torch.Tensor | None = None  # [B, P + 1, K] S(n) for n = 0..P
+        self.known: torch.Tensor | None = None  # [B, P + 1] bool
+
+    @property
+    def length(self) -> int | None:
+        """`P`, the last call's sequence length (None before the first call)."""
+        return None if self.ids is None else self.ids.shape[1]
+
+    def lookup(self, input_ids: torch.Tensor, *, width: int = 1, dtype: torch.dtype = torch.float32,
+               last_only: bool = False) -> Found:
+        """For each row of `input_ids` `(rows, L)`: the history row it repeats or continues (see the module)."""
+        rows, length = input_ids.shape
+        device = input_ids.device
+        ids, states, known = self.ids, self.states, self.known
+        none = torch.zeros(rows, dtype=torch.bool, device=device)
+        blank = torch.zeros(rows, width, dtype=dtype, device=device)
+        if ids is None or states is None or known is None or ids.device != device or states.shape[-1] != width:
+            return Found(torch.zeros(rows, dtype=torch.long, device=device), none, none, blank, blank)
+        past = ids.shape[1]
+        if length == 0 or length - 1 > past:
+            return Found(torch.zeros(rows, dtype=torch.long, device=device), none, none, blank, blank)
+        # [B, B'] the first L - 1 tokens agree (L - 1 <= P)
+        same = (input_ids[:, None, :length - 1] == ids[None, :, :length - 1]).all(-1)
+        prefer = 1.0 + (torch.arange(rows, device=device)[:, None] == torch.arange(ids.shape[0], device=device))
+        previous_ok = same & known[None, :, length - 1]
+        if last_only and length - 1 != past:
+            previous_ok = torch.zeros_like(previous_ok)
+        if length <= past:  # a repeat needs the L-th token too
+            repeat_ok = same & (input_ids[:, None, length - 1] == ids[None, :, length - 1]) & known[None, :, length]
+        else:
+            repeat_ok = torch.zeros_like(same)
+        repeat = repeat_ok.any(-1)  # [B]
+        previous = previous_ok.any(-1) & ~repeat
+        source = torch.where(repeat, (repeat_ok * prefer).argmax(-1), (previous_ok * prefer).argmax(-1))  # [B]
+        at = states[source, min(length, past)].to(dtype)  # [B, K]; meaningful where `repeat`
+        before = states[source, length - 1].to(dtype)  # [B, K]
+        return Found(source, repeat, previous, at, before)
+
+    def record(self, input_ids: torch.Tensor, found: Found, state: torch.Tensor) -> None:
+        """Remember this call: its tokens, and `state` `(rows, K)` as `S(L)` after the source rows' history."""
+        rows, length = input_ids.shape
+        matched = found.repeat | found.previous  # [B]
+        state = state.reshape(rows, -1)
+        if self.states is not None and self.known is not None and self.states.device == state.device \
+                and self.states.shape[-1] == state.shape[-1] and length <= self.states.shape[1]:
+            earlier = self.states[found.source, :length].to(state.dtype)  # [B, L, K]
+            earlier_known = self.known[found.source, :length] & matched[:, None]  # [B, L]
+        else:
+            earlier = torch.zeros(rows, length, state.shape[-1], dtype=state.dtype, device=state.device)
+            earlier_known = torch.zeros(rows, length, dtype=torch.bool, device=state.device)
+        self.ids = input_ids
+        self.states = torch.cat([earlier, state[:, None]], dim=1)  # [B, L + 1, K]
+        self.known = torch.cat([earlier_known, torch.ones(rows, 1, dtype=torch.bool, device=state.device)], dim=1)
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Row `i` now continues what row `beam_idx[i]` was."""
+        if self.ids is None or self.states is None or self.known is None:
+            return
+        index = beam_idx.to(self.ids.device).long()
+        self.ids, self.states, self.known = self.ids[index], self.states[index], self.known[index]
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Row `i` now has `lengths[i]` tokens: what came after is forgotten (no repeat beyond it)."""
+        if self.ids is None or self.states is None or self.known is None:
+            return
+        lengths = lengths.to(self.ids.device).long()[:, None]  # [B, 1]
+        positions = torch.arange(self.states.shape[1], device=self.ids.device)  # [P + 1]
+        self.ids = self.ids.masked_fill(positions[:-1] >= lengths, -1)
+        self.known = self.known & (positions <= lengths)
