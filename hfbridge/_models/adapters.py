@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from hfbridge._models.cache import check_croppable
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
 from hfbridge._models.callables import (
@@ -363,6 +364,10 @@ class ReturnsCache(ModelAdapter):
 
     def cache(self, state: dict[str, Any]) -> Any:
         return state.get(_CACHE)
+
+    def check_crop(self, state: dict[str, Any]) -> None:
+        if self.crop_hook is None:  # the automatic crop: a cache it cannot crop is said after the first call
+            check_croppable(state[_CACHE], state[_FED])
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
         if length < state[_FED]:

@@ -351,6 +351,30 @@ def test_adapters_that_cannot_crop_are_refused():
     with pytest.raises(TypeError, match="kv"):
         generate(hooks, torch.tensor([[5, 9]]), max_new_tokens=3, tokenizer=TOK, banned_strings=["ab"])
 
+    class Box:  # a cache hfbridge cannot crop by itself: said after the first call, before any rollback
+        def __init__(self, pair):
+            self.pair = pair
+
+    calls = []
+
+    def boxed(idx, cache, attention_mask):
+        calls.append(idx.shape[1])
+        logits, pair = TinyCached(core)(idx, None if cache is None else cache.pair, attention_mask)
+        return logits, Box(pair)
+
+    with pytest.raises(TypeError, match=re.escape("cannot drop positions from cache, a Box: hfbridge crops HF Cache")):
+        generate(ReturnsCache(boxed), torch.tensor([[5, 9]]), max_new_tokens=3, tokenizer=TOK, banned_strings=["ab"])
+    assert calls == [2]
+
+    def crop(cache, length):
+        return Box(tuple(part[:, :length] for part in cache.pair))
+
+    expected = generate(TinyRecompute(core), torch.tensor([[5, 9]]), max_new_tokens=8, tokenizer=TOK,
+                        banned_strings=["ab", "c"])
+    out = generate(ReturnsCache(boxed, crop_cache=crop), torch.tensor([[5, 9]]), max_new_tokens=8, tokenizer=TOK,
+                   banned_strings=["ab", "c"])
+    assert torch.equal(out, expected)
+
 
 def test_the_callers_tensors_and_lists_are_untouched():
     core = TinyCore(vocab=V, seed=3)
