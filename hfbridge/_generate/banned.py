@@ -271,15 +271,16 @@ class BannedStrings:
             state = self._rows[row]
             tries = state.tries.get(keep, 0) + 1
             token = state.columns[keep]
+            matched = state.text[start:_match_end(ban, state.text, start)]
             if tries > self.max_rewinds:
                 raise ValueError(
-                    f"row {row}: the banned {ban.kind} {ban.source!r} matched {state.text[start:]!r} again at "
+                    f"row {row}: the banned {ban.kind} {ban.source!r} matched {matched!r} again at "
                     f"token position {prompt + keep}, after {self.max_rewinds} rollbacks to that position "
                     f"(banned_max_rewinds={self.max_rewinds}); raise banned_max_rewinds, or ban fewer strings."
                 )
             taken = state.text[stable_start(state, keep):]
             self.rewinds.append(Rewind(row=row, position=prompt + keep, token=token, text=taken,
-                                       match=state.text[start:_match_end(ban, state.text, start)], ban=ban.source))
+                                       match=matched, ban=ban.source))
             state.tries[keep] = tries
             state.forbidden.setdefault(keep, set()).add(token)
         earliest = min(keep for keep, _, _ in cuts.values())
