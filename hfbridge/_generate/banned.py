@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import operator
 from typing import Any
 
 import torch
@@ -137,9 +138,10 @@ class BannedStrings:
         self.bans: tuple[Ban, ...] = compile_bans(strings, regex)
         if not self.bans:
             raise ValueError("BannedStrings needs at least one banned string or pattern (`strings` or `regex`).")
-        if isinstance(max_rewinds, bool) or not isinstance(max_rewinds, int) or max_rewinds < 1:
+        if isinstance(max_rewinds, bool) or not hasattr(max_rewinds, "__index__") or operator.index(max_rewinds) < 1:
             raise ValueError(f"`banned_max_rewinds` must be an int >= 1 (rollbacks allowed to one position), got "
                              f"{type(max_rewinds).__name__} {max_rewinds!r}.")
+        max_rewinds = operator.index(max_rewinds)  # a NumPy integer too
         if prompt_length is not None and (isinstance(prompt_length, bool) or not isinstance(prompt_length, int)
                                           or prompt_length < 0):
             raise ValueError(f"`prompt_length` must be an int >= 0, got {prompt_length!r}.")

@@ -417,3 +417,34 @@ def test_mirostat_state_equals_a_run_that_never_saw_the_rewound_tokens():
                 scores[row, token] = float("-inf")
         fresh(out[:, :length], scores)
     assert torch.equal(warper.mu, fresh.mu)
+
+
+@pytest.mark.parametrize("case", ["num_return_sequences", "per_row_temperature", "fast", "eos_min_new_tokens",
+                                  "penalties", "dry"])
+def test_each_row_equals_that_row_alone_with_other_features(case):
+    """With one generator per row, a row's tokens (rollbacks, replays) do not depend on the rest of its batch."""
+    core = TinyCore(vocab=V, seed=4)
+    prompts = torch.tensor([[5, 9], [7, 3]])
+    options = {"num_return_sequences": dict(num_return_sequences=2, do_sample=True),
+               "per_row_temperature": dict(do_sample=True, temperature=[0.5, 1.5]),
+               "fast": dict(do_sample=True, fast=True, top_k=10),
+               "eos_min_new_tokens": dict(do_sample=True, min_new_tokens=5, eos_token_id=0, pad_token_id=1),
+               "penalties": dict(repetition_penalty=1.3, no_repeat_ngram_size=2),
+               "dry": dict(do_sample=True, dry_multiplier=0.8, presence_penalty=0.5)}[case]
+    expand = options.get("num_return_sequences", 1)
+    rows = 2 * expand
+    bans = BannedStrings(TOK, ["ab", "c d", "ee"], regex=[r"[ce]{2}"])
+    out = generate(TinyRecompute(core), prompts, max_new_tokens=12, banned_strings=bans, tokenizer=TOK,
+                   generator=[torch.Generator().manual_seed(row) for row in range(rows)], **options)
+    assert bans.rewinds  # and the other rows replayed
+    for row in range(rows):
+        alone_options = {**options, "num_return_sequences": 1}
+        if case == "per_row_temperature":
+            alone_options["temperature"] = options["temperature"][row]
+        alone = generate(TinyRecompute(core), prompts[row // expand][None], max_new_tokens=12, tokenizer=TOK,
+                         banned_strings=["ab", "c d", "ee"], banned_regex=[r"[ce]{2}"],
+                         generator=[torch.Generator().manual_seed(row)], **alone_options)
+        assert torch.equal(alone[0], out[row, : alone.shape[1]]), row
+        assert (out[row, alone.shape[1]:] == 1).all()  # padding after an early end
+    for text in _texts(out, 2):
+        assert leftmost_decided(text, ["ab", "c d", "ee"], [r"[ce]{2}"], final=True) is None
