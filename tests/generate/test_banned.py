@@ -394,29 +394,52 @@ def test_the_docs_page_examples_run():
         exec(compile(block, "docs/banned_strings.md", "exec"), {})
 
 
-def test_mirostat_state_equals_a_run_that_never_saw_the_rewound_tokens():
-    from hfbridge.processors import MirostatLogitsWarper
+STATEFUL = {  # name -> (class name in hfbridge.processors, keyword arguments)
+    "mirostat": ("MirostatLogitsWarper", dict(tau=2.0, eta=0.5)),
+    "mirostat_v1": ("MirostatV1LogitsWarper", dict(tau=2.0, eta=0.5, m=10)),
+    "adaptive_p": ("AdaptivePLogitsWarper", dict(target=0.3, decay=0.5)),
+    # start tag 9 ("ba") ends the prompts; the end tag "x", " " holds no banned string
+    "thinking_budget": ("ThinkingBudgetLogitsProcessor", dict(budget=3, start_ids=[9], end_ids=[31, 7])),
+}
 
-    if not callable(getattr(MirostatLogitsWarper(), "rollback", None)):
-        pytest.skip("MirostatLogitsWarper does not follow the stateful protocol in this checkout")
+
+@pytest.mark.parametrize("name", ["mirostat", "mirostat_v1", "adaptive_p", "thinking_budget"])
+def test_stateful_sampler_state_equals_a_run_that_never_saw_the_rewound_tokens(name):
+    import hfbridge.processors as samplers
+
+    class_name, arguments = STATEFUL[name]
+    if not hasattr(samplers, class_name):
+        pytest.skip(f"no {class_name} in this checkout")
+
+    def make():
+        return getattr(samplers, class_name)(**arguments)
+
+    sampler = make()
+    if not callable(getattr(sampler, "rollback", None)):
+        pytest.skip(f"{type(sampler).__name__} does not follow the stateful protocol in this checkout")
     core = TinyCore(vocab=V, seed=5)
     model = TinyRecompute(core)
-    prompts = torch.tensor([[5, 9], [7, 3]])
-    warper = MirostatLogitsWarper(tau=2.0, eta=0.5)
+    prompts = torch.tensor([[5, 9], [7, 9]])  # 9: the thinking budget's start tag, open at the end of the prompt
     bans = BannedStrings(TOK, ["ab", "cd", "b a"], regex=[r"[ce]{2}"])
     generators = [torch.Generator().manual_seed(row) for row in range(2)]
-    out = generate(model, prompts, max_new_tokens=12, banned_strings=bans, processors=[warper], do_sample=True,
+    out = generate(model, prompts, max_new_tokens=12, banned_strings=bans, processors=[sampler], do_sample=True,
                    generator=generators)
     assert bans.rewinds
-    # a fresh warper fed the final sequences (the same logits, the same forbidden tokens) reaches the same mu
-    fresh = MirostatLogitsWarper(tau=2.0, eta=0.5)
-    for length in range(2, out.shape[1]):
+    # a fresh one fed the final sequences (the same logits, the same forbidden tokens) is in the same state:
+    # its next call returns what the used one returns
+    fresh = make()
+
+    def scores_at(length):
         scores = model(out[:, :length])[:, -1].float().clone()
         for row in range(2):
             for token in bans._rows[row].forbidden.get(length - 2, ()):
                 scores[row, token] = float("-inf")
-        fresh(out[:, :length], scores)
-    assert torch.equal(warper.mu, fresh.mu)
+        return scores
+
+    for length in range(2, out.shape[1]):
+        fresh(out[:, :length], scores_at(length))
+    last = model(out)[:, -1].float()
+    assert torch.equal(sampler(out, last.clone()), fresh(out, last.clone()))
 
 
 @pytest.mark.parametrize("case", ["num_return_sequences", "per_row_temperature", "fast", "eos_min_new_tokens",
