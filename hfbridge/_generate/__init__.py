@@ -4,7 +4,8 @@ Entry points: `generate.generate` (the call), `options` (its keywords as one obj
 checks), `call` (the prepared call), `modes` (which mode a config selects, the refused ones),
 `strategies` (the table: mode -> runner), `loop` (the one-token loop), `finished` (finished rows,
 one host read a step), `lockstep` (`synced_gpus`), `output` (HF's output objects),
-`transition_scores`; `hf_loops/` hosts HF's own beam and assisted loops.
+`transition_scores`, `banned` / `banned_text` / `banned_loop` (banned strings rolled back: `BannedStrings`,
+the text checks, the loop's hook); `hf_loops/` hosts HF's own beam and assisted loops.
 Imports: `hfbridge._step`, `hfbridge._models`, `hfbridge._hf`; never `_views`.
 
 >>> import torch
