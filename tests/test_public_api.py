@@ -121,9 +121,13 @@ def test_generate_options_have_one_field_per_keyword_of_generate():
     assert GenerateOptions().kwargs == {}
 
 
-def test_the_strategy_table_has_a_row_per_mode_generate_runs():
-    from hfbridge._generate.modes import SUPPORTED
+def test_the_strategy_table_has_a_row_per_mode_of_hf():
+    from transformers.generation.configuration_utils import GenerationMode
+
     from hfbridge._generate.strategies import STRATEGIES
 
-    assert sorted(STRATEGIES) == sorted(SUPPORTED)
-    assert {row.run.__name__ for row in STRATEGIES.values()} == {"run_loop", "run_beam", "run_assisted"}
+    # every mode of the installed transformers' table is a row: run, or refused with a reason
+    assert {str(mode.value) for mode in GenerationMode} <= set(STRATEGIES)
+    runners = {row.run.__name__ for row in STRATEGIES.values() if row.run is not None}
+    assert runners == {"run_loop", "run_beam", "run_assisted"}
+    assert all((row.run is None) == (row.refused is not None) for row in STRATEGIES.values())

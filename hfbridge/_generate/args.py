@@ -20,20 +20,21 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._generate.modes import check_strategy
 from hfbridge._generate.options import option_names
 from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.community_options import check_community
 from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_flag, check_options, check_tokenizer, did_you_mean
 from hfbridge._step.per_row_draw import check_generators
 
-__all__ = ["check_config", "check_input_ids", "checked_arguments", "has_default_max_length", "split_kwargs"]
+__all__ = ["check_carried_options", "check_config", "check_input_ids", "checked_arguments", "has_default_max_length",
+           "split_kwargs"]
 
 # `generate`'s own keyword parameters, and HF names users carry over, for did-you-mean hints.
 _PARAMETERS = option_names()
-_HF_NAMES = {"logits_processor": "processors", "inputs": "input_ids", "max_tokens": "max_new_tokens"}
+_HF_NAMES = {"inputs": "input_ids", "max_tokens": "max_new_tokens"}
 
 
 def check_input_ids(input_ids: Any) -> None:
@@ -128,18 +129,36 @@ _UNSUPPORTED = {
 }
 
 
-def check_config(config: GenerationConfig, tokenizer: Any, assistant_model: Any = None) -> None:
+def check_config(config: GenerationConfig, tokenizer: Any) -> None:
+    """The prepared config's options that need more than a value check (the strategy: `modes.strategy_of`)."""
     check_tokenizer(tokenizer)  # a name ("gpt2") instead of the tokenizer: said here, not as an AttributeError
     for name, (is_set, why) in _UNSUPPORTED.items():
         value = getattr(config, name, None)
         if is_set(value):
             raise ValueError(f"generate() does not support `{name}`={value!r}: {why}.")
-    check_strategy(config, assistant_model)  # greedy, sampling, beams, assisted; the refused ones say why
     if config.stop_strings is not None and tokenizer is None:
         raise ValueError(
             f"`stop_strings`={config.stop_strings!r} needs `tokenizer=`: HF's StopStringCriteria matches the "
             "strings against the tokenizer's vocabulary. Pass the tokenizer that made `input_ids`."
         )
+
+
+def check_carried_options(config: GenerationConfig | None, *, where: str) -> None:
+    """Options carried by a `GenerationConfig` that HF's merge copies without a check, checked as keywords are.
+
+    An HF model's own `generation_config` supplies defaults; HF copies its extra attributes (the
+    options of `hfbridge.processors`' samplers) onto the call's config unchecked, so a wrong value
+    there (`mirostat=1`) would otherwise be used, or ignored, silently. Errors name the option and
+    `where` it was set.
+
+    >>> check_carried_options(GenerationConfig(top_n_sigma=-1.0), where="in the model's `generation_config`")
+    Traceback (most recent call last):
+    ...
+    ValueError: `top_n_sigma` must be > 0.0, got -1.0 (in the model's `generation_config`).
+    """
+    if config is None:
+        return
+    check_community({name: getattr(config, name, None) for name in COMMUNITY_OPTIONS}, where=where)
 
 
 def checked_arguments(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any,

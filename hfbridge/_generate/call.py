@@ -16,52 +16,39 @@ which is why they live below the public `generate` module.
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, StoppingCriteriaList, TextStreamer
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, TextStreamer
 
-from hfbridge._generate.args import check_config, checked_arguments, has_default_max_length
+from hfbridge._generate.args import check_carried_options, check_config, checked_arguments, has_default_max_length
 from hfbridge._generate.banned_loop import BannedLoop, check_adapter, make_bans, split_banned
 from hfbridge._generate.guidance import split_guidance, unconditional_branch
-from hfbridge._generate.hf_loops.beam import check_beam_options
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
-from hfbridge._generate.modes import is_assisted, is_beam
+from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
+from hfbridge._generate.prepared import Call
 from hfbridge._hf.host import ProcessorHost, generation_option_names, special_token
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
+from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.sampler import Sampler
 
 
-@dataclasses.dataclass
-class Call:
-    """Everything one `generate` call works with, prepared before the first model call."""
+def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
+            strategies: Mapping[str, Strategy] | None = None) -> Call:
+    """Steps 1-4: check every argument and build the call's config, criteria, sampler and state.
 
-    config: GenerationConfig  # prepared as HF prepares it, special-token tensors set
-    sampler: Sampler  # this call's processors (fresh) and token choice
-    criteria: StoppingCriteriaList  # HF's own, merged with the user's
-    sequences: torch.Tensor  # [N, T], N = prompts x num_return_sequences; grows by one column a step
-    mask: torch.Tensor  # [N, T], grows with `sequences`
-    state: dict[str, Any]  # the adapter's state
-    prompts: int
-    expand: int  # num_return_sequences
-    scores: tuple | None = None  # per step, when return_dict_in_generate and output_scores
-    raw_logits: tuple | None = None  # per step, when return_dict_in_generate and output_logits
-    # The user's own processors, prefix_allowed_tokens_fn or stopping criteria run at every step:
-    # they may keep state, so the loop stops where HF stops (see `LoopOptions.check_every`).
-    user_code: bool = False
-    banned: BannedLoop | None = None  # banned strings and patterns (`banned_loop.py`)
-
-
-def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> Call:
-    """Steps 1-4: check every argument and build the call's config, criteria, sampler and state."""
+    `strategies` is the strategy table (`strategies.STRATEGIES`); the mode the config selects is
+    looked up there once, its row checks what it cannot honour and says how many rows a prompt
+    becomes, and both travel on the call. Default: the one-token loop's modes only (the draft of
+    assisted decoding), whose rows are never run from the call.
+    """
     generation_config, streamer, generator = options.generation_config, options.streamer, options.generator
     tokenizer, fast, assistant_model = options.tokenizer, options.fast, options.assistant_model
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
@@ -71,6 +58,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
         streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=kwargs)
+    user_processors = callable_list(options.processors, LogitsProcessorList, name="processors",
+                                    contract="(input_ids, scores) -> scores")  # read once
     batch, prompt_length = input_ids.shape
     device = input_ids.device
 
@@ -78,12 +67,16 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     do_sample = config_options.pop("do_sample", None)
     # An HF model's own generation_config supplies the defaults, merged by HF's code (`HFModel.host`).
     host = adapter.host(device) if isinstance(adapter, HFModel) else ProcessorHost(device=device)
+    check_carried_options(host.generation_config, where="in the model's `generation_config`")
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", host=host,
                                     **config_options)
-    check_config(config, tokenizer, assistant_model)
-    if is_beam(config):
-        check_beam_options(config, adapter, streamer=streamer, generator=generator, fast=fast)
+    check_config(config, tokenizer)
+    # The mode, decided once: its row of the strategy table checks what it cannot honour.
+    mode, strategy = strategy_of(strategies if strategies is not None else ONE_TOKEN_LOOP, config, assistant_model)
+    expand = strategy.rows_per_prompt(config)  # rows per prompt (num_beams for beam search)
+    if strategy.check is not None:
+        strategy.check(adapter, config, options, rows=batch * expand, model_inputs=model_inputs)
     host.prepare_special_tokens(config, attention_mask is not None, device, batch_size=batch)
     if attention_mask is None:
         attention_mask = host.attention_mask(input_ids, config)
@@ -98,10 +91,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     host.validate_length(config, prompt_length, default_max_length)
 
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
-    expand = config.num_beams if is_beam(config) else (config.num_return_sequences or 1)
-    per_row = check_rows_of_call(per_row, generator, batch=batch, expand=expand,
-                                 strategy="beam search" if is_beam(config) else "assisted decoding"
-                                 if is_assisted(config, assistant_model) else None)
+    per_row = check_rows_of_call(per_row, generator, batch=batch, expand=expand, strategy=strategy, config=config)
     sequences = input_ids.to(dtype=torch.long, copy=True)  # [B, T], our own copy
     mask = attention_mask.to(dtype=torch.long, copy=True)  # [B, T]
     if expand > 1:
@@ -125,15 +115,16 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
     # guidance_scale: the unconditional sequence through the adapter, with its own state (`guidance.py`)
     unconditional = unconditional_branch(adapter, config, guidance, input_ids=input_ids, expand=expand,
-                                         model_inputs=model_inputs, assistant_model=assistant_model)
-    sampler = Sampler.from_prepared(config, processors=options.processors, layout=layout,
+                                         model_inputs=model_inputs, assisted=mode == ASSISTED)
+    sampler = Sampler.from_prepared(config, processors=user_processors, layout=layout,
                                     vocab_size=options.vocab_size, generator=generator, prompt_length=prompt_length,
                                     attention_mask=padding, fast=fast,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
                                     unconditional=unconditional, tokenizer=tokenizer,
                                     per_row=per_row)
-    refused = ("beam search" if is_beam(config) else "assisted decoding" if is_assisted(config, assistant_model)
-               else "classifier-free guidance (guidance_scale)" if unconditional is not None else None)
+    # banned strings: only a strategy whose runner rolls rows back takes them, and not with guidance
+    refused = (strategy.name if not strategy.rolls_back else "classifier-free guidance (guidance_scale)"
+               if unconditional is not None else None)
     bans = make_bans(banned_options, tokenizer, strategy=refused)
     banned = None
     if bans is not None:
@@ -142,15 +133,23 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions) -> 
                             generator=generator)
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
-        state = adapter.begin(state, config, prompts=batch, assisted=is_assisted(config, assistant_model),
-                              rollback=bans is not None)
+        state = adapter.begin(state, config, prompts=batch, assisted=mode == ASSISTED, rollback=bans is not None)
     return_dict = bool(config.return_dict_in_generate)
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
-                 prompts=batch, expand=expand,
-                 scores=() if return_dict and config.output_scores else None,
-                 raw_logits=() if return_dict and config.output_logits else None,
-                 user_code=(bool(options.processors) or options.prefix_allowed_tokens_fn is not None
-                           or bool(options.stopping_criteria)), banned=banned)
+                prompts=batch, expand=expand,
+                scores=() if return_dict and config.output_scores else None,
+                raw_logits=() if return_dict and config.output_logits else None,
+                user_code=(bool(user_processors) or options.prefix_allowed_tokens_fn is not None
+                           or bool(options.stopping_criteria)),
+                mode=mode, strategy=strategy if strategies is not None else None,
+                user_processors=user_processors, unconditional=unconditional, banned=banned)
+
+
+ASSISTED = "assisted_generation"
+_LOOP = "greedy search and sampling"
+# The one-token loop's own modes: the table of a call no runner runs (the draft of assisted decoding).
+ONE_TOKEN_LOOP = {"greedy_search": Strategy(_LOOP, run=None, per_row=True),
+                  "sample": Strategy(_LOOP, run=None, per_row=True)}
 
 
 def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:
@@ -183,12 +182,17 @@ def progress_bar(progress: bool, total: int) -> Any:
 
 
 def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: int, expand: int,
-                       strategy: str | None) -> PerRowValues | None:
-    """Per-row options (one per prompt) expanded to the call's rows; a generator list has one per row."""
+                       strategy: Strategy, config: GenerationConfig) -> PerRowValues | None:
+    """Per-row options (one per prompt) expanded to the call's rows, as HF expands `input_ids`; a
+    generator list has one per row. The community samplers' per-row values (on `config`) are expanded
+    in place the same way; a strategy without per-row values refuses both kinds alike."""
     rows = batch * expand
-    if strategy is not None and (per_row is not None or isinstance(generator, (list, tuple))):
-        what = f"`{next(iter(per_row.values))}` per row" if per_row is not None else "a list of generators"
-        raise ValueError(f"generate(): {what} works with greedy decoding and sampling, not with {strategy}; "
+    found = {name: _row_values(getattr(config, name, None)) for name in COMMUNITY_OPTIONS if name not in _NOT_PER_ROW}
+    community = {name: values for name, values in found.items() if values is not None}
+    if not strategy.per_row and (per_row is not None or community or isinstance(generator, (list, tuple))):
+        name = next(iter(per_row.values)) if per_row is not None else next(iter(community), None)
+        what = f"`{name}` per row" if name is not None else "a list of generators"
+        raise ValueError(f"generate(): {what} works with greedy decoding and sampling, not with {strategy.name}; "
                          "pass a single value (and a single generator).")
     if isinstance(generator, (list, tuple)) and len(generator) != rows:
         raise ValueError(
@@ -196,7 +200,28 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
             f"prompts x {expand} sequences each); pass one generator per returned sequence, row i of the output "
             "drawn from generator i."
         )
+    if per_row is not None:
+        per_row.check_rows(batch, what="`input_ids` has")
+    for name, values in community.items():
+        PerRowValues(len(values), {name: values}).check_rows(batch, what="`input_ids` has")
+    for name, values in community.items():
+        if expand > 1:
+            setattr(config, name, tuple(value for value in values for _ in range(expand)))
     if per_row is None:
         return None
-    per_row.check_rows(batch, what="`input_ids` has")
     return per_row.expanded(expand) if expand > 1 else per_row
+
+
+# Community options whose list is not one value per row.
+_NOT_PER_ROW = ("dry_sequence_breakers",)
+
+
+def _row_values(value: Any) -> tuple | None:
+    """`value` as one value per row, or None for a scalar (or unset) value."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.tolist()) if value.ndim == 1 else None  # read once, when the call is prepared
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):  # a numpy array
+        return tuple(value.tolist())
+    return None

@@ -29,7 +29,8 @@ from hfbridge._generate.guidance import check_guidance_loop
 from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
 from hfbridge._generate.loop import LoopOptions, check_every_option
 from hfbridge._generate.options import GenerateOptions
-from hfbridge._generate.strategies import strategy_for
+from hfbridge._generate.stateful_calls import Stateful
+from hfbridge._generate.strategies import STRATEGIES, check_loop_options
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.choose import as_adapter
 from hfbridge._step.layout import LayoutLike
@@ -156,8 +157,11 @@ def generate(
         generation_config: A `transformers.GenerationConfig` to start from (never modified);
             keyword options override it.
         processors: Extra logits processors `(input_ids, scores) -> scores` (HF's
-            `logits_processor=`), merged with the ones the options create as HF merges them.
-            Stateful ones receive one call per new token and the full vocabulary.
+            `logits_processor=`, also accepted under that name), merged with the ones the options
+            create as HF merges them. Stateful ones receive one call per new token and the full
+            vocabulary; those with `reset`, `reorder` and `rollback` (`hfbridge.processors`'
+            stateful protocol) are reset when the call starts, follow the beams of beam search and
+            forget rejected draft tokens in assisted decoding.
         stopping_criteria: Extra `StoppingCriteria` (HF's `stopping_criteria=`).
         streamer: A `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`, any object with
             `put`/`end`): receives the prompt first, then each step's tokens, as HF sends them.
@@ -244,6 +248,7 @@ def generate(
     >>> out.shape
     torch.Size([1, 8])
     """
+    processors, kwargs = _hf_names(processors, kwargs)
     options = GenerateOptions(
         attention_mask=attention_mask, generation_config=generation_config, processors=processors,
         stopping_criteria=stopping_criteria, streamer=streamer, tokenizer=tokenizer, layout=layout,
@@ -259,7 +264,24 @@ def _generate(model: Any, input_ids: Any, options: GenerateOptions) -> Any:
     adapter = as_adapter(model, max_context=options.max_context)
     loop = LoopOptions(check_every=check_every_option(options.check_every),
                        synced=resolve_synced_gpus(options.synced_gpus, adapter.model))
-    call = prepare(adapter, input_ids, options)
+    call = prepare(adapter, input_ids, options, STRATEGIES)  # the mode decided once: its row is `call.strategy`
+    strategy = call.strategy
+    assert strategy is not None and strategy.run is not None  # `prepare` refuses the modes not run
+    check_loop_options(strategy, loop)
     check_guidance_loop(call.config, loop.synced)
-    strategy = strategy_for(call.config, options.assistant_model, loop)  # the strategy table (`strategies.py`)
+    Stateful(call.sampler.processors).reset()  # your own processors may have run before: a fresh start
     return strategy.run(adapter, call, options, loop)
+
+
+def _hf_names(processors: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """HF's `logits_processor=` taken as `processors=` (both given: an error)."""
+    if "logits_processor" not in kwargs:
+        return processors, kwargs
+    kwargs = dict(kwargs)
+    alias = kwargs.pop("logits_processor")
+    if alias is None:
+        return processors, kwargs
+    if processors is not None:
+        raise TypeError("generate() got both `processors=` and `logits_processor=` (HF's name for the same "
+                        "argument); pass your logits processors once.")
+    return alias, kwargs

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from hfbridge._generate.loop import forward_and_update
-from hfbridge._generate.modes import is_assisted
 from hfbridge._models.adapters import InputPos, ModelAdapter
 from hfbridge._models.choose import as_adapter
 
@@ -122,6 +121,22 @@ class UnconditionalBranch:
         start = "negative_prompt_ids" if self.negative_ids is not None else "each prompt's last token"
         return f"UnconditionalBranch({self.adapter!r} from {start})"
 
+    def check_vocab(self, vocab: int, vocab_size: int | None = None) -> None:
+        """`ValueError` for a negative prompt id outside the vocabulary of `vocab` tokens, as for `input_ids`.
+
+        Called where `input_ids` are checked (step 0, once the logits' width is known), before the
+        first unconditional call feeds the negative prompt to the model.
+        """
+        ids = self.negative_ids
+        if ids is None or not ids.numel():
+            return
+        if bool((ids >= vocab).any()):  # ids >= 0 were checked up front
+            bad = int(ids[ids >= vocab][0])
+            raise ValueError(
+                f"`negative_prompt_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
+                f"(ids must be in [0, {vocab}); vocab_size={vocab_size})."
+            )
+
     def __call__(self, input_ids: torch.Tensor) -> Any:
         new = input_ids[:, -1:]  # [N, 1]: HF's `input_ids[:, -1:]`
         if self.sequence is None or self.mask is None:  # HF's first pass
@@ -140,20 +155,20 @@ class UnconditionalBranch:
 
 
 def unconditional_branch(adapter: ModelAdapter, config: Any, guidance: dict[str, Any], *, input_ids: torch.Tensor,
-                         expand: int, model_inputs: dict[str, Any], assistant_model: Any = None
+                         expand: int, model_inputs: dict[str, Any], assisted: bool = False
                          ) -> UnconditionalBranch | None:
     """The branch for `generate`'s `guidance_scale` (None when guidance is off), every input checked first.
 
     `input_ids` are the prompts `(batch, seq)`; `expand` repeats each negative prompt for
     `num_return_sequences` (HF's `generate` does not, and fails there); `model_inputs` are the
-    conditional sequence's (already repeated).
+    conditional sequence's (already repeated); `assisted`: the call drafts tokens (refused with guidance).
     """
     negative_ids, negative_mask = _check_negative_prompt(guidance.get("negative_prompt_ids"),
                                                          guidance.get("negative_prompt_attention_mask"), input_ids)
     scale = getattr(config, "guidance_scale", None)
     if scale is None or scale == 1:
         return None  # HF builds no guidance processor: plain generation
-    if is_assisted(config, assistant_model):
+    if assisted:
         raise ValueError(
             f"`guidance_scale`={scale!r} with assisted / prompt-lookup decoding is not supported: HF's guidance "
             "processor would be called once per draft token and take each as a new step of the unconditional "

@@ -23,20 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import StoppingCriteriaList
 
 from hfbridge._generate.finished import FinishedRows, InvalidRows
+from hfbridge._generate.prepared import Call as _Call
 from hfbridge._hf.host import special_token
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._step.processor_list import BadProcessorOutput
-from hfbridge._step.routes import greedy_choice
+from hfbridge._step.routes import cpu_shortcuts, greedy_choice
 from hfbridge._step.sampler import Sampler, extract_logits
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hfbridge._generate.call import Call as _Call
 
 _NEG_INF = float("-inf")
 
@@ -91,18 +89,21 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
         streamer = banned.streamer  # the tokens go to the caller's streamer once no rollback can take them back
     read_every_step = streamer is not None or call.user_code or banned is not None
     explain_now = options.check_every == 1 or options.synced or read_every_step
-    new_column = call.mask.new_ones((rows_expected, 1))  # [N, 1]
+    masks = _GrowingMask(call.config.max_length)
+    progress = _Progress(call)  # the note's context if the model raises, written only then
     vocab = None
+    greedy_route: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = greedy_choice
     step = 0
     while True:
         call.state["attention_mask"] = call.mask
-        outputs = _call_model(adapter, call, step)
+        progress.step = step
+        outputs, call.state = forward_and_update(adapter, call.sequences, call.state, step, progress)
         if finished.rank_done:
             # synced_gpus: this rank is finished but another is not. Its model was called (the
             # collectives inside need every rank); feed the last token again next time, as HF does.
             del outputs
             call.sequences = torch.cat([call.sequences, call.sequences[:, -1:]], dim=-1)
-            call.mask = torch.cat([call.mask, new_column], dim=-1)
+            call.mask = masks.longer(call.mask)
             if finished.read():
                 break
             continue
@@ -112,6 +113,10 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
         if vocab is None:
             vocab = view.shape[1]
             at_step(step, lambda: sampler.input_rows(call.sequences, view))  # prompt ids within the vocabulary
+            if call.unconditional is not None:  # and the negative prompt's, before guidance feeds it
+                at_step(step, lambda: call.unconditional.check_vocab(vocab, sampler.vocab_size))
+            if not cpu_shortcuts(view):  # the route, decided once: the device and the context stay
+                greedy_route = _torch_greedy
         elif view.shape[1] != vocab:
             raise ValueError(
                 f"generate(): at step {step} the model returned logits with {view.shape[1]} vocabulary columns, "
@@ -120,7 +125,7 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
         if banned is not None:
             view, saved = banned.before_choose(call.sequences, view)  # the tokens tried here before: -inf
         if plain_greedy:
-            tokens, best = greedy_choice(view)  # [N], [N]: the best score is the validity check
+            tokens, best = greedy_route(view)  # [N], [N]: the best score is the validity check
             finished.note_invalid(step, best, _explain_greedy(sampler, best, view, view) if explain_now else None)
         else:
             tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
@@ -132,7 +137,7 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
             assert pad_token is not None  # `_prepare` refuses an eos criterion without a pad token
             tokens = torch.where(finished.unfinished, tokens, pad_token)
         call.sequences = torch.cat([call.sequences, tokens[:, None]], dim=-1)  # [N, T + 1]
-        call.mask = torch.cat([call.mask, new_column], dim=-1)
+        call.mask = masks.longer(call.mask)
         if streamer is not None:
             streamer.put(tokens.cpu())
         if bar is not None:
@@ -170,22 +175,47 @@ def _cut(call: _Call, length: int | None) -> None:
         call.raw_logits = call.raw_logits[: len(call.raw_logits) - extra]
 
 
-def _call_model(adapter: ModelAdapter, call: _Call, step: int) -> Any:
-    """The model call (and the adapter's state update); its exceptions get the step as a note."""
-    outputs, call.state = forward_and_update(adapter, call.sequences, call.state, step, _Progress(call, step))
-    return outputs
-
-
 class _Progress:
-    """The note's `context` for a failing model call, written only if it fails."""
+    """The note's `context` for a failing model call, written only if it fails (the loop sets `step`)."""
 
-    __slots__ = ("length", "step")
+    __slots__ = ("call", "step")
 
-    def __init__(self, call: _Call, step: int):
-        self.length, self.step = call.sequences.shape[1], step
+    def __init__(self, call: _Call):
+        self.call, self.step = call, 0
 
     def __str__(self) -> str:
-        return f"{self.length} tokens so far, {self.step} generated"
+        return f"{self.call.sequences.shape[1]} tokens so far, {self.step} generated"
+
+
+class _GrowingMask:
+    """The attention mask one column longer each step, as views of a buffer of ones (no copy a step).
+
+    The buffer holds the prompt's mask and room for `max_length` (at most 256 columns past the
+    prompt at first); when full it doubles. Its columns after the prompt are never written, so a
+    view handed to the model stays what it was.
+    """
+
+    __slots__ = ("buffer", "max_length")
+
+    def __init__(self, max_length: int | None):
+        self.max_length = max_length
+        self.buffer: torch.Tensor | None = None  # [N, T + room]
+
+    def longer(self, mask: torch.Tensor) -> torch.Tensor:
+        """`mask` (the last view, or any `(N, T)` mask) with one more column of ones."""
+        length = mask.shape[1] + 1
+        buffer = self.buffer
+        if buffer is None or length > buffer.shape[1] or mask.data_ptr() != buffer.data_ptr():
+            room = max(mask.shape[1], 256) if buffer is not None or self.max_length is None else \
+                min(256, max(self.max_length - mask.shape[1], 1))
+            buffer = self.buffer = torch.cat([mask, mask.new_ones((mask.shape[0], room))], dim=-1)
+        return buffer[:, :length]
+
+
+def _torch_greedy(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`greedy_choice` on the accelerator route: `(ids, best)` from one `max` over the vocabulary."""
+    best, ids = rows.max(dim=-1)
+    return ids, best
 
 
 def forward_and_update(adapter: ModelAdapter, input_ids: torch.Tensor, state: dict[str, Any], step: int,

@@ -1,42 +1,45 @@
-"""The strategy table: HF's generation mode -> the runner that decodes it, as HF's `GENERATION_MODES_MAPPING`.
+"""The strategy table: HF's generation mode -> its row, as HF's `GENERATION_MODES_MAPPING`.
 
-`modes.py` says which mode a prepared config selects and refuses the modes hfbridge does not run;
-here each mode it runs has one row: its runner and the loop options (`check_every`, `synced_gpus`)
-the runner honours. A runner takes the prepared call and returns what `generate` returns.
+Each mode has one row (`modes.Strategy`): the runner that decodes it, the loop options
+(`check_every`, `synced_gpus`) the runner honours, whether it takes per-row values, how many rows a
+prompt becomes, and its checks; the modes hfbridge does not run have a row that says why.
+`call.prepare` looks the mode up once and keeps the row on the call; a runner takes the prepared
+call and returns what `generate` returns.
 
-| mode | runner | loop options |
-| --- | --- | --- |
-| `greedy_search`, `sample` | `run_loop`: hfbridge's own loop (`loop.py`) | `check_every`, `synced_gpus` |
-| `beam_search`, `beam_sample` | `run_beam`: HF's `_beam_search` (`hf_loops/beam.py`) | `synced_gpus` |
-| `assisted_generation` | `run_assisted`: HF's `_assisted_decoding`, draft or lookup (`hf_loops/assisted.py`) | - |
+| mode | runner | per-row values | loop options |
+| --- | --- | --- | --- |
+| `greedy_search`, `sample` | `run_loop`: hfbridge's own loop (`loop.py`) | yes | `check_every`, `synced_gpus` |
+| `beam_search`, `beam_sample` | `run_beam`: HF's `_beam_search` (`hf_loops/beam.py`) | no | `synced_gpus` |
+| `assisted_generation` | `run_assisted`: HF's `_assisted_decoding`, draft or lookup (`hf_loops/assisted.py`) | no | - |
+| `group_beam_search`, `constrained_beam_search`, `dola_generation`, `contrastive_search` | refused (HF's Hub) | | |
 
-A new strategy is one runner and one row here (and its mode's name in `modes.SUPPORTED`).
+A new strategy is one runner and one row here.
 
 >>> from transformers import GenerationConfig
 >>> strategy_for(GenerationConfig(num_beams=2), None).run.__name__
 'run_beam'
->>> sorted(STRATEGIES)
+>>> sorted(mode for mode, row in STRATEGIES.items() if row.run is not None)
 ['assisted_generation', 'beam_sample', 'beam_search', 'greedy_search', 'sample']
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from transformers import GenerationConfig
 
-from hfbridge._generate.call import Call, decode, progress_bar
-from hfbridge._generate.hf_loops.assisted import generate_assisted
-from hfbridge._generate.hf_loops.beam import beam_search
+from hfbridge._generate.call import decode, progress_bar
+from hfbridge._generate.hf_loops.assisted import check_assisted, generate_assisted
+from hfbridge._generate.hf_loops.beam import beam_search, check_beam
 from hfbridge._generate.loop import LoopOptions
-from hfbridge._generate.modes import mode_of
+from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
+from hfbridge._generate.prepared import Call
 from hfbridge._hf.outputs import decoder_output
 from hfbridge._models.adapters import ModelAdapter
 
-__all__ = ["STRATEGIES", "Strategy", "run_assisted", "run_beam", "run_loop", "strategy_for"]
+__all__ = ["STRATEGIES", "Strategy", "check_loop_options", "run_assisted", "run_beam", "run_loop", "strategy_for"]
 
 Runner = Callable[[ModelAdapter, Call, GenerateOptions, LoopOptions], Any]
 
@@ -71,7 +74,7 @@ def run_beam(adapter: ModelAdapter, call: Call, options: GenerateOptions, loop: 
         return beam_search(adapter, input_ids=call.sequences, attention_mask=call.mask, state=call.state,
                            config=call.config, sampler=call.sampler, criteria=call.criteria,
                            prompts=call.prompts, on_step=None if bar is None else lambda: bar.update(1),
-                           synced=loop.synced)
+                           synced=loop.synced, unconditional=call.unconditional)
     finally:
         if bar is not None:
             bar.close()
@@ -79,38 +82,44 @@ def run_beam(adapter: ModelAdapter, call: Call, options: GenerateOptions, loop: 
 
 def run_assisted(adapter: ModelAdapter, call: Call, options: GenerateOptions, loop: LoopOptions) -> Any:
     """Assisted and prompt-lookup decoding: HF's own assisted loop on the adapter."""
-    return generate_assisted(adapter, call, assistant_model=options.assistant_model, processors=options.processors,
-                             streamer=options.streamer, layout=options.layout, vocab_size=options.vocab_size,
-                             generator=options.generator, fast=options.fast, progress=options.progress)
-
-
-@dataclasses.dataclass(frozen=True)
-class Strategy:
-    """One row of the table: the runner, and the loop options it honours (others are refused)."""
-
-    name: str  # as the error messages name it
-    run: Runner
-    check_every: bool  # reads `check_every` (checks finished rows every n steps)
-    synced_gpus: bool  # keeps the ranks of torch.distributed in lockstep
+    return generate_assisted(adapter, call, assistant_model=options.assistant_model, streamer=options.streamer,
+                             layout=options.layout, vocab_size=options.vocab_size, tokenizer=options.tokenizer,
+                             progress=options.progress)
 
 
 _LOOP = "greedy search and sampling"
+_BEAMS = "beam search"
+_CORE_ONLY = "hfbridge runs the strategies of HF's core loops only"
 STRATEGIES: dict[str, Strategy] = {
-    "greedy_search": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True),
-    "sample": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True),
-    "beam_search": Strategy("beam search", run_beam, check_every=False, synced_gpus=True),
-    "beam_sample": Strategy("beam search", run_beam, check_every=False, synced_gpus=True),
-    "assisted_generation": Strategy("assisted / prompt-lookup decoding", run_assisted, check_every=False,
-                                    synced_gpus=False),
+    "greedy_search": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True, per_row=True, rolls_back=True),
+    "sample": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True, per_row=True, rolls_back=True),
+    "beam_search": Strategy(_BEAMS, run_beam, synced_gpus=True, beams=True, check=check_beam),
+    "beam_sample": Strategy(_BEAMS, run_beam, synced_gpus=True, beams=True, check=check_beam),
+    "assisted_generation": Strategy("assisted / prompt-lookup decoding", run_assisted, check=check_assisted),
+    # transformers 5 moved these out of its core into `custom_generate` repositories on the Hub
+    "group_beam_search": Strategy("group beam search", None, refused=(
+        "num_beam_groups > 1", "transformers-community/group-beam-search", _CORE_ONLY)),
+    "constrained_beam_search": Strategy("constrained beam search", None, refused=(
+        "constraints / force_words_ids", "transformers-community/constrained-beam-search", _CORE_ONLY)),
+    "dola_generation": Strategy("DoLa decoding", None, refused=(
+        "dola_layers", "transformers-community/dola",
+        "it also contrasts the hidden states of early layers, which a callable does not return")),
+    "contrastive_search": Strategy("contrastive search", None, refused=(
+        "penalty_alpha > 0 with top_k > 1", "transformers-community/contrastive-search",
+        "it also re-ranks candidates with the model's hidden states")),
 }
 
 
 def strategy_for(config: GenerationConfig, assistant_model: Any, loop: LoopOptions | None = None) -> Strategy:
-    """The row for the mode `config` (with `assistant_model`) selects; refuses loop options its runner
-    ignores, rather than ignoring them silently. The mode is one `modes.check_strategy` accepted."""
-    strategy = STRATEGIES[mode_of(config, assistant_model)]
-    if loop is None:
-        return strategy
+    """The row for the mode `config` (with `assistant_model`) selects, its loop options checked."""
+    strategy = strategy_of(STRATEGIES, config, assistant_model)[1]
+    if loop is not None:
+        check_loop_options(strategy, loop)
+    return strategy
+
+
+def check_loop_options(strategy: Strategy, loop: LoopOptions) -> None:
+    """Refuse loop options `strategy`'s runner ignores, rather than ignoring them silently."""
     if loop.check_every != 1 and not strategy.check_every:
         raise ValueError(
             f"`check_every`={loop.check_every} applies to greedy search and sampling; {strategy.name} runs HF's "
@@ -122,4 +131,3 @@ def strategy_for(config: GenerationConfig, assistant_model: Any, loop: LoopOptio
             f"search, sampling and beam search, not yet for {strategy.name}; use one of those, or synced_gpus=False "
             "when every rank makes the same number of model calls anyway."
         )
-    return strategy

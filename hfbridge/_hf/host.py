@@ -10,6 +10,7 @@ instead of mirroring it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import warnings
@@ -67,9 +68,20 @@ class ProcessorHost(GenerationMixin):
         """HF's `_prepare_generation_config`: a copy with defaults filled and `options` applied.
 
         Returns the config and the options that are not generation options.
+
+        With both a config and options, HF's merge is run on a copy of the config with the options
+        already applied, then the options are applied again (HF's last step): the same config, without
+        the deprecation warning transformers 5 logs for "a config together with options" (it would
+        name options such as `do_sample` that hfbridge, not the caller, decided).
         """
-        prepared = self._as_mixin()._prepare_generation_config(generation_config, **options)
-        return prepared[0], prepared[1]
+        if generation_config is None or not options:
+            prepared = self._as_mixin()._prepare_generation_config(generation_config, **options)
+            return prepared[0], prepared[1]
+        merged = copy.deepcopy(generation_config)
+        unused = merged.update(**options)  # the names that are not generation options
+        config = self._as_mixin()._prepare_generation_config(merged)[0]
+        config.update(**{name: value for name, value in options.items() if name not in unused})
+        return config, dict(unused)
 
     def prepare_special_tokens(self, generation_config: GenerationConfig, has_attention_mask: bool | None,
                                device: torch.device, batch_size: int | None = None) -> None:

@@ -297,7 +297,7 @@ def test_the_bound_on_rollbacks_to_one_position():
 
 @pytest.mark.parametrize(("options", "message"), [
     (dict(num_beams=2), "roll rows back in greedy search and sampling, not in beam search"),
-    (dict(prompt_lookup_num_tokens=2), "not in assisted decoding"),
+    (dict(prompt_lookup_num_tokens=2), "not in assisted / prompt-lookup decoding"),
     (dict(guidance_scale=1.5), "not in classifier-free guidance (guidance_scale)"),
 ])
 def test_refused_strategies_before_any_model_call(options, message):

@@ -513,8 +513,9 @@ def test_unknown_keyword_is_a_model_input_the_model_must_accept():
         "generate() got `temprature`, which is neither a generation option nor an input the model accepts "
         "(the model's parameters: idx). Did you mean `temperature`?",
         max_new_tokens=3, temprature=0.5)
-    _raises_before_any_call(TypeError, "generate() takes `processors=` where HF's generate takes `logits_processor=`.",
-                            max_new_tokens=3, logits_processor=[])
+    _raises_before_any_call(TypeError, "generate() got both `processors=` and `logits_processor=` (HF's name for "
+                                       "the same argument); pass your logits processors once.",
+                            max_new_tokens=3, logits_processor=[], processors=[])
     fast = TinyFast(TinyCore())
     _raises_before_any_call(
         TypeError, "generate() got the model input `input_pos`, but InputPos supplies `input_pos` itself",

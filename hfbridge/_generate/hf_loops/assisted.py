@@ -42,16 +42,27 @@ from hfbridge._step.sampler import Sampler, extract_logits
 ASSISTANT_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
-def generate_assisted(adapter: ModelAdapter, call: Any, *, assistant_model: Any, processors: Any, streamer: Any,
-                      layout: Any, vocab_size: int | None, generator: Any, fast: bool, progress: bool) -> Any:
-    """`generate` for assisted and prompt-lookup decoding, from the prepared call to the result."""
-    model_inputs = adapter.model_inputs(call.state)
+def check_assisted(adapter: ModelAdapter, config: GenerationConfig, options: Any, *, rows: int,
+                   model_inputs: dict[str, Any], **ignored: Any) -> None:
+    """The strategy row's check (`strategies.STRATEGIES`): what assisted / prompt-lookup decoding cannot
+    do here, refused when the call is prepared, before any model call."""
+    _check(adapter, _assistant(options.assistant_model), config, batch=rows, generator=options.generator,
+           fast=options.fast, model_inputs=model_inputs)
+
+
+def _assistant(assistant_model: Any) -> ModelAdapter | None:
     try:
-        assistant = None if assistant_model is None else as_adapter(assistant_model)
+        return None if assistant_model is None else as_adapter(assistant_model)
     except TypeError as error:
         raise TypeError(f"`assistant_model`: {error}") from None
-    _check(adapter, assistant, call.config, batch=call.sequences.shape[0], generator=generator, fast=fast,
-           model_inputs=model_inputs)
+
+
+def generate_assisted(adapter: ModelAdapter, call: Any, *, assistant_model: Any, streamer: Any, layout: Any,
+                      vocab_size: int | None, tokenizer: Any, progress: bool) -> Any:
+    """`generate` for assisted and prompt-lookup decoding, from the prepared call (checked by
+    `check_assisted`) to the result."""
+    model_inputs = adapter.model_inputs(call.state)
+    assistant = _assistant(assistant_model)
     if streamer is not None:
         streamer.put(call.sequences.cpu())  # the prompt first, as HF; HF's loop sends the rest and ends it
     bar = _progress_bar(progress, max((call.config.max_length or 0) - call.sequences.shape[1], 0))
@@ -60,9 +71,9 @@ def generate_assisted(adapter: ModelAdapter, call: Any, *, assistant_model: Any,
     try:
         result, host = assisted_decode(
             adapter, sequences=call.sequences, mask=call.mask, state=call.state, config=call.config,
-            sampler=call.sampler, user_processors=LogitsProcessorList(processors or []),
+            sampler=call.sampler, user_processors=call.user_processors,
             criteria=call.criteria, streamer=streamer, assistant=assistant, model_inputs=model_inputs,
-            layout=layout, vocab_size=vocab_size)
+            layout=layout, vocab_size=vocab_size, tokenizer=tokenizer)
     except BaseException:
         if streamer is not None:
             streamer.end()
@@ -166,14 +177,20 @@ def assistant_config(config: GenerationConfig) -> GenerationConfig:
 def assisted_decode(adapter: ModelAdapter, *, sequences: torch.Tensor, mask: torch.Tensor,
                     state: dict[str, Any], config: GenerationConfig, sampler: Sampler,
                     user_processors: LogitsProcessorList, criteria: Any, streamer: Any, assistant: Any,
-                    model_inputs: dict[str, Any], layout: Any, vocab_size: int | None) -> tuple[Any, TargetHost]:
-    """Run HF's `_assisted_decoding` for the installed transformers; returns its result and the target's host."""
-    host = TargetHost(adapter, state, sampler, device=sequences.device)
+                    model_inputs: dict[str, Any], layout: Any, vocab_size: int | None,
+                    tokenizer: Any = None) -> tuple[Any, TargetHost]:
+    """Run HF's `_assisted_decoding` for the installed transformers; returns its result and the target's host.
+
+    `user_processors` are the caller's own (`processors=`): the draft model runs them (as HF's
+    assistant does), beside the processors it builds from the options itself, never the target's.
+    """
+    host = TargetHost(adapter, state, sampler, device=sequences.device, prompt_length=sequences.shape[1])
     processors = StepProcessors(sampler.processors, host)
     assistant_host = None
     if assistant is not None:
         assistant_host = DraftHost(assistant, device=sequences.device, generation_config=assistant_config(config),
-                                   layout=layout, vocab_size=vocab_size)
+                                   layout=layout, vocab_size=vocab_size, user_processors=user_processors,
+                                   tokenizer=tokenizer)
     host.draft, host.do_sample = assistant_host, bool(config.do_sample)
     host.probe_vocab = lambda: _probe_vocab(adapter, sequences, mask, model_inputs, layout)  # only after an error
     if vocab_size is not None:

@@ -46,8 +46,10 @@ from hfbridge._hf.loops import candidate_generator, is_prompt_lookup, prepare_pr
 from hfbridge._hf.outputs import decoder_output, model_output
 from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
 from hfbridge._models.callables import checked_state
+from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits
+from hfbridge._step.stateful_members import stateful_members
 
 
 class Rollback(CacheBase):
@@ -114,11 +116,19 @@ class TargetHost(LoopHost):
         state: The adapter's state.
         sampler: The call's `Sampler` (its layout and vocabulary size read the logits).
         device: The device of `input_ids`.
+        prompt_length: The prompt's length in tokens.
+
+    Before each call after which the processors run again, stateful processors are rolled back to
+    the sequence accepted so far (`rollback(lengths)`): they forget the rejected draft tokens, and
+    the candidates HF's prompt lookup screened with them.
     """
 
-    def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, device: torch.device):
+    def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, device: torch.device,
+                 prompt_length: int = 0):
         super().__init__(adapter, state, sampler, prompts=1, rows_per_prompt=1, rows_name="num_return_sequences",
                          device=device)
+        self.prompt_length = prompt_length
+        self.accepted: int | None = None  # the accepted sequence's length, as the last round began
         self.config = fresh_config()  # a private one: HF's prompt lookup reads `vocab_size` from it
         self.cache_handle = cast(Any, Rollback(self))  # in place of LoopHost's, which only reorders
         self.seen: torch.Tensor | None = None  # the ids of the last call (`contracts.check_cropped`)
@@ -140,6 +150,9 @@ class TargetHost(LoopHost):
                       output_name=names.OUTPUT_CACHE)
         step, fed = self.step, input_ids.shape[1] - self.fed
         self.seen = input_ids
+        if self.stateful:  # the accepted sequence: the prompt, then one token past what the model holds
+            self._rollback(self.accepted if self.accepted is not None else
+                           self.prompt_length if step == 0 else self.fed + 1)
         self.state["attention_mask"] = attention_mask if attention_mask is not None else input_ids.new_ones(
             input_ids.shape)
         try:
@@ -197,11 +210,24 @@ class TargetHost(LoopHost):
             f"{why} (pass vocab_size= to drop padded columns)."
         ) from error
 
+    def _rollback(self, length: int) -> None:
+        """Stateful processors back to a sequence of `length` tokens (the one batch row)."""
+        self.stateful.rollback(torch.full((1,), length, dtype=torch.long, device=self.device))
+
     def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
         generator: Any = candidate_generator(self, *args, **kwargs)  # HF's choice
         if is_prompt_lookup(generator):
             self.lookup = generator
             prepare_prompt_lookup(generator, device=self.device, vocab=self.vocab)
+        if self.stateful:  # each round starts from the accepted sequence HF hands the candidate generator
+            get_candidates = generator.get_candidates
+
+            def from_accepted(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                self.accepted = input_ids.shape[1]
+                self._rollback(self.accepted)  # HF's prompt lookup screens candidates with the processors
+                return get_candidates(input_ids, *args, **kwargs)
+
+            generator.get_candidates = from_accepted
         return generator
 
 
@@ -236,11 +262,16 @@ class DraftHost(AssistantStandIn):
         generation_config: Where HF reads the draft options (`num_assistant_tokens`, ...).
         layout: The logits' layout, as for the target.
         vocab_size: The real vocabulary when the logits are padded, as for the target.
+        user_processors: The caller's own processors (`processors=`), to tell them from the target's
+            option-built ones among those HF hands the draft (see `_processors`). Default: none.
+        tokenizer: For the options that need one (DRY's string sequence breakers). Default: None.
     """
 
     def __init__(self, adapter: ModelAdapter, *, device: torch.device, generation_config: GenerationConfig,
-                 layout: Any, vocab_size: int | None):
+                 layout: Any, vocab_size: int | None, user_processors: Any = (), tokenizer: Any = None):
         self.adapter = adapter
+        self.user_processors = list(user_processors)
+        self.tokenizer = tokenizer
         self.device = device
         self.generation_config = generation_config
         self.config = fresh_config()
@@ -269,8 +300,8 @@ class DraftHost(AssistantStandIn):
             config.min_new_tokens = min_new_tokens
         call = _prepare(self.adapter, input_ids, GenerateOptions(
             attention_mask=attention_mask, generation_config=config,
-            processors=LogitsProcessorList(logits_processor or []), layout=self.layout, vocab_size=self.vocab_size,
-            kwargs=dict(model_inputs)))
+            processors=self._processors(logits_processor, config),
+            layout=self.layout, vocab_size=self.vocab_size, tokenizer=self.tokenizer, kwargs=dict(model_inputs)))
         if isinstance(cache, Rollback):  # resume where the last draft stopped (HF cropped it)
             draft = cache.owner
             check_cropped(role="assistant", kept=draft.fed, seen=draft.seen, input_ids=input_ids,
@@ -290,3 +321,28 @@ class DraftHost(AssistantStandIn):
         draft.fed = call.sequences.shape[1] - 1  # the last drafted token was never fed
         draft.seen = call.sequences
         return decoder_output(sequences=call.sequences, scores=call.scores, cache=Rollback(draft))
+
+    def _processors(self, handed: Any, config: GenerationConfig) -> LogitsProcessorList:
+        """The processors HF hands the draft, as HF's assistant merges them with the ones it builds.
+
+        transformers 5 hands the target's whole list (4.x the caller's own processors). The options of
+        `hfbridge.processors`' samplers ride the config, so the draft would build those processors a
+        second time beside the target's instances: they are taken off `config` (in place) when HF
+        handed more than the caller's own. A stateful processor is copied, with the target's state at
+        this draft, so that drafting never moves the target's state.
+        """
+        handed = list(handed or [])
+        if any(not any(p is own for own in self.user_processors) for p in handed):
+            for name in COMMUNITY_OPTIONS:
+                if getattr(config, name, None) is not None:
+                    setattr(config, name, None)
+        stateful = stateful_members(handed)
+        result = LogitsProcessorList()
+        for processor in handed:
+            if any(processor is one for one in stateful):
+                try:
+                    processor = copy.deepcopy(processor)  # the target's state now, moved by this draft only
+                except Exception:
+                    continue
+            result.append(processor)
+        return result

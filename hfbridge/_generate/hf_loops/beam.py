@@ -28,6 +28,11 @@ from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.option_checks import check_strategy_options
 
 
+def check_beam(adapter: ModelAdapter, config: GenerationConfig, options: Any, **ignored: Any) -> None:
+    """The strategy row's check (`strategies.STRATEGIES`): `check_beam_options` with `generate`'s options."""
+    check_beam_options(config, adapter, streamer=options.streamer, generator=options.generator, fast=options.fast)
+
+
 def check_beam_options(config: GenerationConfig, adapter: ModelAdapter, *, streamer: Any,
                        generator: torch.Generator | None, fast: bool) -> None:
     """Raise, before the first model call, for options beam search cannot honour."""
@@ -54,11 +59,13 @@ def check_beam_options(config: GenerationConfig, adapter: ModelAdapter, *, strea
 
 def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 state: dict[str, Any], config: GenerationConfig, sampler: Any, criteria: Any, prompts: int,
-                on_step: Any = None, synced: bool = False) -> Any:
+                on_step: Any = None, synced: bool = False, unconditional: Any = None) -> Any:
     """HF's `_beam_search` on `adapter`: `input_ids` and `attention_mask` are `(prompts * num_beams, seq)`.
 
     With `synced`, HF's loop keeps this rank calling its model until every rank of `torch.distributed`
-    is finished (`synced_gpus`); the host feeds the last token again on those calls.
+    is finished (`synced_gpus`); the host feeds the last token again on those calls. `unconditional`:
+    guidance's branch, whose negative prompt is checked against the vocabulary with the prompts.
+    Stateful processors follow the beams (`reorder(beam_idx)` where HF reorders the cache).
 
     Returns what HF's loop returns: the sequences `(prompts * num_return_sequences, seq')`, or a
     `GenerateBeamDecoderOnlyOutput` whose cache (`past_key_values`, `cache` since 5.24) is the adapter's.
@@ -70,7 +77,7 @@ def beam_search(adapter: ModelAdapter, *, input_ids: torch.Tensor, attention_mas
     why = f"beam search keeps {candidates} candidates per beam (2, or 1 + the number of eos tokens)"
     host: Any = LoopHost(adapter, state, sampler, prompts=prompts, rows_per_prompt=config.num_beams,
                          rows_name="num_beams", device=input_ids.device, on_step=on_step,
-                         min_vocab=(candidates, why), lockstep=synced)
+                         min_vocab=(candidates, why), lockstep=synced, unconditional=unconditional)
     host.prefill_early(input_ids, attention_mask)  # HF's loop reads config.vocab_size before its first call
     result = run_beam_search(host, input_ids, processors=StepProcessors(sampler.processors, host), criteria=criteria,
                              config=config, synced=synced, prompts=prompts,

@@ -31,6 +31,7 @@ from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hfbridge._generate.loop import add_note, at_step, forward_and_update
+from hfbridge._generate.stateful_calls import Stateful
 from hfbridge._hf import names
 from hfbridge._hf.contracts import TransformersContractError, check_reordered
 from hfbridge._hf.host import ProcessorHost, fresh_config
@@ -58,6 +59,8 @@ class AdapterCache:
         self.reorders += 1
         try:
             host.state = checked_state(host.adapter.reorder_cache(host.state, beam_idx), host.adapter, "reorder_cache")
+            if host.stateful:
+                host.stateful.reorder(beam_idx)  # the processors' per-row state follows the beams too
         except AdapterTypeError as error:
             raise TypeError(f"generate(): after step {host.step - 1}: {error}") from None
         except Exception as error:
@@ -105,6 +108,8 @@ class LoopHost(ProcessorHost):
         lockstep: HF's loop runs with `synced_gpus`: once this rank is finished it still calls the
             model, with the same sequences and a mask one longer each time; the host then feeds the
             last token again for every extra mask column (the outputs are thrown away). Default: False.
+        unconditional: Guidance's unconditional branch, whose negative prompt is checked against the
+            vocabulary when the prompts are. Default: None.
 
     >>> import torch
     >>> from hfbridge import Recompute, Sampler
@@ -116,7 +121,7 @@ class LoopHost(ProcessorHost):
     def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, prompts: int,
                  rows_per_prompt: int = 1, rows_name: str = "num_beams", device: torch.device | None = None,
                  on_step: Callable[[], Any] | None = None, min_vocab: tuple[int, str] = (1, ""),
-                 lockstep: bool = False):
+                 lockstep: bool = False, unconditional: Any = None):
         super().__init__(device=device)
         self.config = fresh_config()  # its own: `prefill_early` sets its vocab_size
         self.adapter = adapter
@@ -128,6 +133,8 @@ class LoopHost(ProcessorHost):
         self.on_step = on_step
         self.min_vocab, self.min_vocab_reason = min_vocab
         self.lockstep = lockstep
+        self.unconditional = unconditional
+        self.stateful = Stateful(sampler.processors)  # the protocol's calls (`_generate/stateful_calls.py`)
         self.step = 0  # model calls so far; step 0 is the prompt's forward pass
         self.fed = 0  # tokens of the sequence the model has seen
         self.vocab: int | None = None
@@ -209,6 +216,8 @@ class LoopHost(ProcessorHost):
         if self.vocab is None:
             self.vocab = rows.shape[1]
             at_step(step, lambda: self.sampler.input_rows(input_ids, rows))  # prompt ids within the vocabulary
+            if self.unconditional is not None:  # and the negative prompt's, before guidance feeds it
+                at_step(step, lambda: self.unconditional.check_vocab(rows.shape[1], self.sampler.vocab_size))
             if rows.shape[1] < self.min_vocab:
                 raise ValueError(
                     f"generate(): at step {step} the model returned logits with {rows.shape[1]} vocabulary columns, "
