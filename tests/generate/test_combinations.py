@@ -202,8 +202,8 @@ def llama_with_config():
 
 
 @pytest.mark.parametrize(("attributes", "message"), [
-    (dict(do_sample=True, mirostat=1),
-     "`mirostat` must be 0 (off) or 2 (mirostat 2.0; version 1 is not provided), got 1"),
+    (dict(do_sample=True, mirostat=3),
+     "`mirostat` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got 3"),
     (dict(do_sample=True, top_n_sigma=float("nan")), "`top_n_sigma` must be a finite number, got nan"),
     (dict(do_sample=True, smoothing_factor=-1.0), "`smoothing_factor` must be >= 0.0, got -1.0"),
     (dict(dry_multiplier="high"), "`dry_multiplier` must be a number, got str 'high'"),
