@@ -213,7 +213,7 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
 
 
 # Community options whose list is not one value per row.
-_NOT_PER_ROW = ("dry_sequence_breakers",)
+_NOT_PER_ROW = ("dry_sequence_breakers", "thinking_start", "thinking_end", "thinking_budget_message")  # token-id lists
 
 
 def _row_values(value: Any) -> tuple | None:
