@@ -6,6 +6,7 @@
 [1]
 """
 
+from hfbridge._generate.banned import BannedStrings
 from hfbridge._generate.generate import generate
 from hfbridge._generate.logprobs import logprobs
 from hfbridge._generate.transition_scores import compute_transition_scores
@@ -25,6 +26,7 @@ from hfbridge._views.streamers import NotebookStreamer
 __version__ = "0.2.0"
 
 __all__ = [
+    "BannedStrings",
     "GenerationTrace",
     "Hooks",
     "InputPos",

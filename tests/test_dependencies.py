@@ -9,8 +9,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hfbridge"
 DECLARED = {"torch", "transformers", "einops"}
-# numpy: the CPU routes read tensors through NumPy views; transformers requires numpy unconditionally.
-VIA_TRANSFORMERS = {"numpy"}
+# numpy: the CPU routes read tensors through NumPy views; regex: banned patterns (partial matches).
+# transformers requires both unconditionally.
+VIA_TRANSFORMERS = {"numpy", "regex"}
 OPTIONAL = {"matplotlib", "IPython", "tqdm", "xgrammar", "tokenizers"}  # imported inside functions, with a hint
 # Optional wings: a package imported at module level only inside its own wing, which `import hfbridge` never loads.
 OPTIONAL_WINGS = {"vllm": PACKAGE / "vllm"}
@@ -45,6 +46,7 @@ def test_importing_hfbridge_never_imports_an_optional_wings_package():
     assert result.stdout.strip() == "[]"
 
 
-def test_transformers_requires_numpy_unconditionally():
+def test_transformers_requires_numpy_and_regex_unconditionally():
     requirements = importlib.metadata.requires("transformers") or []
-    assert any(re.match(r"numpy\s*[>=<~ ]", r) and "extra ==" not in r for r in requirements), requirements
+    for name in sorted(VIA_TRANSFORMERS):
+        assert any(re.match(name + r"\s*[!>=<~ ]", r) and "extra ==" not in r for r in requirements), requirements

@@ -30,6 +30,7 @@ from hfbridge._generate.args import (
     checked_arguments,
     has_default_max_length,
 )
+from hfbridge._generate.banned_loop import BannedLoop, check_adapter, make_bans, split_banned
 from hfbridge._generate.guidance import split_guidance, unconditional_branch
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
@@ -58,6 +59,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     tokenizer, fast, assistant_model = options.tokenizer, options.fast, options.assistant_model
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
     kwargs, guidance = split_guidance(options.kwargs)
+    kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
     kwargs, per_row = split_per_row(kwargs)  # one value per prompt (`_step/per_row.py`)
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
@@ -128,9 +130,18 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
                                     unconditional=unconditional, tokenizer=tokenizer,
                                     per_row=per_row, vocab_from_tokenizer=not isinstance(adapter, HFModel))
+    # banned strings: only a strategy whose runner rolls rows back takes them, and not with guidance
+    refused = (strategy.name if not strategy.rolls_back else "classifier-free guidance (guidance_scale)"
+               if unconditional is not None else None)
+    bans = make_bans(banned_options, tokenizer, strategy=refused)
+    banned = None
+    if bans is not None:
+        check_adapter(adapter)
+        banned = BannedLoop(bans, rows=batch * expand, prompt_length=prompt_length, streamer=streamer,
+                            generator=generator)
     state = adapter.start(sequences, mask, model_inputs)
     if isinstance(adapter, HFModel):  # its first cache and logits_to_keep depend on the prepared config
-        state = adapter.begin(state, config, prompts=batch, assisted=mode == ASSISTED)
+        state = adapter.begin(state, config, prompts=batch, assisted=mode == ASSISTED, rollback=bans is not None)
     return_dict = bool(config.return_dict_in_generate)
     return Call(config=config, sampler=sampler, criteria=criteria, sequences=sequences, mask=mask, state=state,
                 prompts=batch, expand=expand,
@@ -139,7 +150,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                 user_code=(bool(user_processors) or options.prefix_allowed_tokens_fn is not None
                            or bool(options.stopping_criteria)),
                 mode=mode, strategy=strategy if strategies is not None else None,
-                user_processors=user_processors, unconditional=unconditional)
+                user_processors=user_processors, unconditional=unconditional, banned=banned)
 
 
 ASSISTED = "assisted_generation"

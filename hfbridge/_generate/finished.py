@@ -118,6 +118,13 @@ class FinishedRows:
             return False
         return self.read()
 
+    def rewind(self, unfinished: torch.Tensor) -> None:
+        """Rows were taken back (banned strings): `unfinished` `(rows,)` bool is now each row's state."""
+        self.unfinished = unfinished
+        self.rank_done = False
+        self._finish_length = None
+        self._window.clear()
+
     def read(self) -> bool:
         """One host read of everything pending; True when the loop should stop."""
         parts: list[torch.Tensor] = []  # 0-d tensors, read together

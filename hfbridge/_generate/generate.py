@@ -216,7 +216,10 @@ def generate(
             the same adapter with its own state, one call per step as HF's processor makes them (an
             `InputPos` model needs `unconditional_model=`, a second `InputPos` with its own caches;
             see docs/guidance_watermark.md). `watermarking_config=` builds HF's watermark processor
-            for the logits' vocabulary.
+            for the logits' vocabulary. `banned_strings=[...]` (case-insensitive substrings, or a
+            `BannedStrings`), `banned_regex=[...]` and `banned_max_rewinds=` (default 32), with
+            `tokenizer=`: a row whose text comes to hold a ban rolls back to the token where the match
+            began and forbids it there (greedy search and sampling; see docs/banned_strings.md).
 
     Returns:
         The sequences `(batch * num_return_sequences, prompt + new)`, prompt included, on the
@@ -268,7 +271,7 @@ def _generate(model: Any, input_ids: Any, options: GenerateOptions) -> Any:
     assert strategy is not None and strategy.run is not None  # `prepare` refuses the modes not run
     check_loop_options(strategy, loop)
     check_guidance_loop(call.config, loop.synced)
-    Stateful(call.sampler.processors).reset()  # your own processors may have run before: a fresh start
+    Stateful(call.sampler).reset()  # your own processors may have run before: a fresh start
     return strategy.run(adapter, call, options, loop)
 
 

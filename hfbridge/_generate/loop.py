@@ -82,7 +82,13 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
                             synced=options.synced)
     # the step's logits are still at hand when its flags are read at the same step
     # user code (processors, criteria) must not run past the step where HF stops: read every step
-    read_every_step = streamer is not None or call.user_code
+    banned = call.banned  # banned strings and patterns (`banned_loop.py`), None without
+    if banned is not None:
+        if options.synced:
+            raise ValueError("`banned_strings` / `banned_regex` roll rows back, which synced_gpus (ranks kept in "
+                             "lockstep) does not support yet; pass synced_gpus=False, or drop the bans.")
+        streamer = banned.streamer  # the tokens go to the caller's streamer once no rollback can take them back
+    read_every_step = streamer is not None or call.user_code or banned is not None
     explain_now = options.check_every == 1 or options.synced or read_every_step
     masks = _GrowingMask(call.config.max_length)
     progress = _Progress(call)  # the note's context if the model raises, written only then
@@ -117,11 +123,15 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
                 f"generate(): at step {step} the model returned logits with {view.shape[1]} vocabulary columns, "
                 f"but {vocab} at step 0; the vocabulary size must stay the same."
             )
+        if banned is not None:
+            view, saved = banned.before_choose(call.sequences, view)  # the tokens tried here before: -inf
         if plain_greedy:
             tokens, best = greedy_route(view)  # [N], [N]: the best score is the validity check
             finished.note_invalid(step, best, _explain_greedy(sampler, best, view, view) if explain_now else None)
         else:
             tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
+        if banned is not None:
+            tokens = banned.after_choose(call.sequences, tokens, saved)  # rows replaying keep their own tokens
         del outputs, view
         if pads_finished_rows:
             # finished sentences get the padding token, as HF's `_sample` (`where` gives the same ids)
@@ -138,10 +148,14 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
             stop = finished.after_step(call.sequences, call.scores, step=step, force_read=read_every_step)
         except InvalidRows as bad:
             raise _invalid_error(bad, sampler, rows_expected) from None
+        if banned is not None:
+            stop = banned.after_step(call, adapter, finished, stop, bar)  # may roll the batch back
         step += 1
         if stop:
             break
     _cut(call, finished.finish_length)
+    if banned is not None:
+        banned.flush(call.sequences)
 
 
 def pads_finished(criteria: StoppingCriteriaList) -> bool:

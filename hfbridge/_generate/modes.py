@@ -45,6 +45,7 @@ class Strategy:
         per_row: It takes one value per prompt for the per-row options and one generator per row
             (else both are refused before any model call).
         beams: Its rows are `num_beams` per prompt (else `num_return_sequences`).
+        rolls_back: Its runner rolls rows back for banned strings (`banned_loop.py`); else they are refused.
         check: `check(adapter, config, options, rows=..., model_inputs=...)`, run when the call is
             prepared, before any model call: what this strategy cannot honour.
         refused: For a mode hfbridge does not run: `(the options that select it, HF's Hub
@@ -57,6 +58,7 @@ class Strategy:
     synced_gpus: bool = False
     per_row: bool = False
     beams: bool = False
+    rolls_back: bool = False
     check: Callable[..., None] | None = None
     refused: tuple[str, str, str] | None = None
 

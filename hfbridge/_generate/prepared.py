@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
+from hfbridge._generate.banned_loop import BannedLoop
 from hfbridge._generate.modes import Strategy
 from hfbridge._step.sampler import Sampler
 
@@ -44,3 +45,4 @@ class Call:
     strategy: Strategy | None = None  # its row of the strategy table (None: the draft's own loop)
     user_processors: LogitsProcessorList = dataclasses.field(default_factory=LogitsProcessorList)  # `processors=`
     unconditional: Any = None  # guidance_scale's unconditional branch (`guidance.UnconditionalBranch`), or None
+    banned: BannedLoop | None = None  # banned strings and patterns (`banned_loop.py`), or None

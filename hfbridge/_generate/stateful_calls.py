@@ -9,56 +9,47 @@ every loop that moves rows or takes tokens back tells it:
   again, to the length of the sequence accepted so far: what they saw of rejected draft tokens (and of
   HF's prompt-lookup screening, which runs them on candidate tokens) is forgotten.
 
-`Stateful` finds them once per call (a per-row group's instances included), so a loop without one
-pays nothing.
+`Stateful` asks the call's `Sampler` once whether any processor keeps state, so a loop without one pays
+nothing, and goes through the `Sampler`'s own `reset` / `reorder` / `rollback`, which reach every stateful
+processor (inside per-row groups too, with each group's own rows).
 
 >>> import torch
->>> class Count:
-...     def __init__(self): self.n = 5
-...     def __call__(self, input_ids, scores): return scores
-...     def reset(self): self.n = 0
-...     def reorder(self, beam_idx): pass
-...     def rollback(self, lengths): pass
->>> count = Count()
->>> stateful = Stateful([count, lambda ids, scores: scores])
->>> len(stateful.processors), bool(stateful)
-(1, True)
->>> stateful.reset(); count.n
-0
+>>> from hfbridge._step.sampler import Sampler
+>>> stateful = Stateful(Sampler(do_sample=True, mirostat=2))
+>>> bool(stateful), bool(Stateful(Sampler(do_sample=True, top_k=5)))
+(True, False)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 import torch
 
-from hfbridge._step.stateful_members import stateful_members
+from hfbridge._step.sampler import Sampler
 
 __all__ = ["Stateful"]
 
 
 class Stateful:
-    """The stateful processors of a processor list, and the protocol's three calls on all of them."""
+    """The protocol's three calls on a `Sampler`'s stateful processors (nothing when it has none)."""
 
-    def __init__(self, processors: Iterable[Any]):
-        self.processors = stateful_members(processors)
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+        self.present = sampler.is_stateful
 
     def __bool__(self) -> bool:
-        return bool(self.processors)
+        return self.present
 
     def reset(self) -> None:
         """Forget every row: a fresh call."""
-        for processor in self.processors:
-            processor.reset()
+        if self.present:
+            self.sampler.reset()
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Row `i` now continues what row `beam_idx[i]` was (HF's beam reorder)."""
-        for processor in self.processors:
-            processor.reorder(beam_idx)
+        if self.present:
+            self.sampler.reorder(beam_idx)
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Row `i`'s sequence now has `lengths[i]` tokens; what came after is forgotten."""
-        for processor in self.processors:
-            processor.rollback(lengths)
+        if self.present:
+            self.sampler.rollback(lengths)

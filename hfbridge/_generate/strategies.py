@@ -91,8 +91,8 @@ _LOOP = "greedy search and sampling"
 _BEAMS = "beam search"
 _CORE_ONLY = "hfbridge runs the strategies of HF's core loops only"
 STRATEGIES: dict[str, Strategy] = {
-    "greedy_search": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True, per_row=True),
-    "sample": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True, per_row=True),
+    "greedy_search": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True, per_row=True, rolls_back=True),
+    "sample": Strategy(_LOOP, run_loop, check_every=True, synced_gpus=True, per_row=True, rolls_back=True),
     "beam_search": Strategy(_BEAMS, run_beam, synced_gpus=True, beams=True, check=check_beam),
     "beam_sample": Strategy(_BEAMS, run_beam, synced_gpus=True, beams=True, check=check_beam),
     "assisted_generation": Strategy("assisted / prompt-lookup decoding", run_assisted, check=check_assisted),

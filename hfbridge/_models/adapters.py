@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from hfbridge._hf.caches import forgets_past
-from hfbridge._models.cache import CacheTypeError, not_growing
+from hfbridge._models.cache import CacheTypeError, check_croppable, not_growing
 from hfbridge._models.cache import crop_cache as _crop
 from hfbridge._models.cache import reorder_cache as _reorder
 from hfbridge._models.callables import (
@@ -336,13 +336,17 @@ class ReturnsCache(ModelAdapter):
         self.crop_hook = checked_hook(crop_cache, "crop_cache", "crop_cache(cache, length) -> cache")
 
     def check_crop(self, state: dict[str, Any]) -> None:
-        if self.crop_hook is None and forgets_past(state.get(_CACHE)):
+        """After the first call, before any rollback: the automatic crop must be able to crop this cache."""
+        if self.crop_hook is not None:
+            return
+        if forgets_past(state.get(_CACHE)):
             raise CacheTypeError(
                 f"the model's cache ({type(state[_CACHE]).__name__}) has sliding-window layers that drop the positions "
-                "a rollback of rejected draft tokens needs; call cache.activate_past_recording() on the cache your "
-                "step creates, before its first forward (as HF's assisted loop does), or pass "
-                "ReturnsCache(model, crop_cache=...)."
+                "a rollback (of rejected draft tokens, or of a banned string) needs; call "
+                "cache.activate_past_recording() on the cache your step creates, before its first forward (as HF's "
+                "assisted loop does), or pass ReturnsCache(model, crop_cache=...)."
             )
+        check_croppable(state[_CACHE], state[_FED])
 
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
         if self.reorder_hook is None:
@@ -395,6 +399,7 @@ class ReturnsCache(ModelAdapter):
 
     def cache(self, state: dict[str, Any]) -> Any:
         return state.get(_CACHE)
+
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
         if length < state[_FED]:

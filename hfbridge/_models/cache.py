@@ -119,6 +119,37 @@ def crop_cache(cache: Any, length: int, *, cached: int | None = None, where: str
     return _crop(cache, length, cached, where)
 
 
+def check_croppable(cache: Any, cached: int, *, where: str = "cache") -> None:
+    """Raise `CacheTypeError` now, as `crop_cache` would at the first crop, for a cache it cannot crop.
+
+    Args:
+        cache: The cache after a model call.
+        cached: How many positions it holds.
+        where: What `cache` is called in errors. Default: `"cache"`.
+
+    >>> import torch
+    >>> check_croppable((torch.zeros(1, 2, 5, 4),), 5)
+    >>> check_croppable({"kv": object()}, 5)
+    Traceback (most recent call last):
+    ...
+    hfbridge._models.cache.CacheTypeError: cannot drop positions from cache['kv'], a object: hfbridge crops HF Cache objects, and tensors (..., seq, dim) in tuples/lists/dicts. Give the adapter a crop hook (ReturnsCache(model, crop_cache=...), Hooks(crop_state=...) or an overridden ModelAdapter.crop).
+    """  # noqa: E501 (the error line)
+    if cache is None or is_hf_cache(cache):
+        return
+    if isinstance(cache, torch.Tensor):
+        _crop_tensor(cache, cached, cached, where)
+        return
+    if isinstance(cache, dict):
+        for key, value in cache.items():
+            check_croppable(value, cached, where=f"{where}[{key!r}]")
+        return
+    if isinstance(cache, (tuple, list)):
+        for index, value in enumerate(cache):
+            check_croppable(value, cached, where=f"{where}[{index}]")
+        return
+    _crop(cache, cached, cached, where)  # raises, naming the type
+
+
 def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
     if item is None:
         return None

@@ -129,7 +129,8 @@ class HFModel(ModelAdapter):
         state.update({_CACHE: {}, _KEEP: "fed", _MASK: True, _USE_CACHE: True, _CALLS: 0})
         return state
 
-    def begin(self, state: dict[str, Any], config: Any, *, prompts: int, assisted: bool) -> dict[str, Any]:
+    def begin(self, state: dict[str, Any], config: Any, *, prompts: int, assisted: bool,
+              rollback: bool = False) -> dict[str, Any]:
         """The state for one call with the prepared `config`: HF's first cache, `logits_to_keep`, the mask rule.
 
         Args:
@@ -137,6 +138,7 @@ class HFModel(ModelAdapter):
             config: The call's prepared `GenerationConfig`.
             prompts: Prompts in the call, before expansion for beams / returned sequences.
             assisted: The call runs assisted or prompt-lookup decoding, which checks every fed position.
+            rollback: The call may crop the cache without assisted decoding (banned strings).
         """
         if assisted and is_stateful(self.hf):
             # HF's `generate` refuses it before any model call: a recurrent state cannot go back to a prefix
@@ -150,7 +152,7 @@ class HFModel(ModelAdapter):
         state[_CACHE] = first_cache(self.hf, config, batch=prompts, max_length=config.max_length,
                                     device=mask.device)
         state[_KEEP] = "fed" if assisted else 1
-        if assisted:
+        if assisted or rollback:
             keep_for_rollback(state[_CACHE])
         state[_MASK] = not drops_full_mask() or bool((mask == 0).any())
         return state

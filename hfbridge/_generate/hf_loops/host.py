@@ -134,7 +134,7 @@ class LoopHost(ProcessorHost):
         self.min_vocab, self.min_vocab_reason = min_vocab
         self.lockstep = lockstep
         self.unconditional = unconditional
-        self.stateful = Stateful(sampler.processors)  # the protocol's calls (`_generate/stateful_calls.py`)
+        self.stateful = Stateful(sampler)  # the protocol's calls (`_generate/stateful_calls.py`)
         self.step = 0  # model calls so far; step 0 is the prompt's forward pass
         self.fed = 0  # tokens of the sequence the model has seen
         self.vocab: int | None = None
