@@ -136,7 +136,7 @@ def test_requests_without_options_equal_an_engine_without_the_processor(llm, fol
     ({"repetition_penalty": -1.0}, {}, "repetition_penalty"),
     ({"no_repeat_ngram_size": "2"}, {}, "no_repeat_ngram_size"),
     ({"dry_base": 0.5}, {}, "`dry_base`"),
-    ({"mirostat": 1}, {"temperature": 1.0}, "`mirostat`"),
+    ({"mirostat": 3}, {"temperature": 1.0}, "`mirostat`"),
     ({"top_p": 0.9}, {}, "`top_p` applies only when sampling"),
     ({"repetition_penalty": 1.2}, {"temperature": 0.7}, "SamplingParams.temperature"),
     ({"repetition_penalty": 1.2}, {"temperature": 1.0, "top_p": 0.9}, "SamplingParams.top_p"),
