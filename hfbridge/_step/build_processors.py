@@ -131,6 +131,7 @@ def make_generation_config(
     if not top_k_passed and any(off(community.get(name, getattr(generation_config, name, None)))
                                 for name, off in _NO_DEFAULT_TOP_K.items()):
         options["top_k"] = 0  # HF's default top_k=50 is off for mirostat and top-nσ (docs/samplers.md)
+    passed = {name: value for name, value in options.items() if name != "top_k" or top_k_passed}  # not ours
     greedy_by_temperature = _zero(options.get("temperature")) or (
         options.get("temperature") is None and generation_config is not None and _zero(generation_config.temperature))
     if greedy_by_temperature:  # temperature 0 is greedy: HF's warpers never see it
@@ -151,7 +152,7 @@ def make_generation_config(
     base = generation_config
     if base is None or base.do_sample is None:
         base = host.generation_config  # the model's, where HF's merge would take do_sample from it
-    sample = resolve_do_sample(do_sample, base, options)
+    sample = resolve_do_sample(do_sample, base, passed)  # the top_k=0 set above is no sampling option passed
     if generation_config is None or generation_config.do_sample != sample:
         options = {**options, "do_sample": sample}
     config, unused = host.prepare_config(generation_config, **options)

@@ -80,6 +80,11 @@ def invalid_rows_error(raw: torch.Tensor, scores: torch.Tensor | None = None, *,
     if bool(raw_nan.any()):
         return nan_row_error(_first(raw_nan), int(raw_nan.sum()), n_rows)
     final_nan = torch.isnan(final).any(dim=-1) & bad
+    raw_inf = (raw == float("inf")).any(dim=-1)  # [N]; a processor's inf - inf turns +inf logits into NaN
+    if sampling and bool((final_nan & raw_inf).any()):
+        rows = final_nan & raw_inf
+        return inf_row_error(_first(rows), int(rows.sum()), n_rows)
+    final_nan &= ~raw_inf
     if bool(final_nan.any()):
         return nan_row_error(_first(final_nan), int(final_nan.sum()), n_rows, source=str(names))
     if sampling:
