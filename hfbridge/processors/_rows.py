@@ -42,13 +42,13 @@ def plain(value: Any) -> Any:
     """A NumPy value as Python's (`np.float32(0.5)` -> 0.5, an array -> a list); anything else as it is.
 
     >>> import numpy as np
-    >>> plain(np.int64(3)), plain(np.array([0.5, 1.0])), plain([1])
-    (3, [0.5, 1.0], [1])
+    >>> plain(np.int64(3)), plain(np.array([0.5, 1.0])), plain([1]), plain(np.array(["top_k", "min_p"]))
+    (3, [0.5, 1.0], [1], ['top_k', 'min_p'])
     """
     if isinstance(value, torch.Tensor) or not (hasattr(value, "ndim") and hasattr(value, "tolist")):
         return value
-    if getattr(value, "dtype", None) is not None and getattr(value.dtype, "kind", "") in "biuf":
-        return value.tolist()  # NumPy's bool, ints and floats; the checks below refuse bools
+    if getattr(value, "dtype", None) is not None and getattr(value.dtype, "kind", "") in "biufU":
+        return value.tolist()  # NumPy's bool, ints, floats and strings; the checks below refuse bools
     return value
 
 
