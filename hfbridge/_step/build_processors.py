@@ -126,9 +126,11 @@ def make_generation_config(
     check_flag("do_sample", do_sample)
     if do_sample is None and any(community.get(name) is not None for name in community_options.warper_options()):
         do_sample = True  # as a sampling option of HF's would
-    top_k_passed = options.get("top_k") is not None or (generation_config is not None
-                                                       and generation_config.top_k is not None)
-    if not top_k_passed and any(off(community.get(name, getattr(generation_config, name, None)))
+    configs = [config for config in (generation_config, host.generation_config if host is not None else None)
+               if config is not None]  # the call's, then the model's own (HF's merge fills in from it)
+    top_k_passed = options.get("top_k") is not None or any(config.top_k is not None for config in configs)
+    if not top_k_passed and any(off(community.get(name, next((getattr(config, name) for config in configs
+                                                              if getattr(config, name, None) is not None), None)))
                                 for name, off in _NO_DEFAULT_TOP_K.items()):
         options["top_k"] = 0  # HF's default top_k=50 is off for mirostat and top-nσ (docs/samplers.md)
     passed = {name: value for name, value in options.items() if name != "top_k" or top_k_passed}  # not ours

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
 
 from hfbridge import Recompute, generate
 
@@ -70,3 +70,21 @@ def test_numpy_arrays_of_strings_are_the_lists_they_hold(numpy_options, list_opt
     runs = [generate(model, PROMPT, max_new_tokens=6, do_sample=True, tokenizer=TOKENIZER,
                      generator=torch.Generator().manual_seed(0), **options) for options in (numpy_options, list_options)]
     assert runs[0].tolist() == runs[1].tolist()
+
+
+def test_mirostat_in_the_models_own_config_turns_hfs_default_top_k_off_as_a_keyword_does():
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=200, n_positions=32, n_embd=16, n_layer=1, n_head=2,
+                                    bos_token_id=None, eos_token_id=None)).eval()  # more tokens than top_k=50
+    prompt = PROMPT[:1]
+    expected = generate(hf, prompt, max_new_tokens=8, do_sample=True, top_k=0, mirostat=2, mirostat_tau=9.0,
+                        generator=torch.Generator().manual_seed(0))
+    with_top_k = generate(hf, prompt, max_new_tokens=8, do_sample=True, top_k=50, mirostat=2, mirostat_tau=9.0,
+                          generator=torch.Generator().manual_seed(0))
+    assert expected.tolist() != with_top_k.tolist()  # the seed tells the two apart
+    hf.generation_config.do_sample, hf.generation_config.mirostat, hf.generation_config.mirostat_tau = True, 2, 9.0
+    out = generate(hf, prompt, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
+    assert out.tolist() == expected.tolist()
+    hf.generation_config.top_k = 50  # the model's own top_k is kept, as a passed one
+    out = generate(hf, prompt, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
+    assert out.tolist() == with_top_k.tolist()
