@@ -134,7 +134,11 @@ def check_croppable(cache: Any, cached: int, *, where: str = "cache") -> None:
     ...
     hfbridge._models.cache.CacheTypeError: cannot drop positions from cache['kv'], a object: hfbridge crops HF Cache objects, and tensors (..., seq, dim) in tuples/lists/dicts. Give the adapter a crop hook (ReturnsCache(model, crop_cache=...), Hooks(crop_state=...) or an overridden ModelAdapter.crop).
     """  # noqa: E501 (the error line)
-    if cache is None or is_hf_cache(cache):
+    if cache is None:
+        return
+    if is_hf_cache(cache):
+        if not is_croppable(cache):
+            _crop(cache, cached, cached, where)  # raises, saying why
         return
     if isinstance(cache, torch.Tensor):
         _crop_tensor(cache, cached, cached, where)
@@ -159,7 +163,7 @@ def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
                 f"cannot drop positions from {where}, a {type(item).__name__} that says it is not croppable (it "
                 "holds recurrent states, which cannot go back to a shorter prefix). Give the adapter a crop hook "
                 "(ReturnsCache(model, crop_cache=...), Hooks(crop_state=...)) that restores a saved state, or do not "
-                "use assisted or prompt-lookup decoding with this model."
+                "use assisted or prompt-lookup decoding, or banned strings, with this model."
             )
         crop_hf_cache(item, length, cached)
         return item

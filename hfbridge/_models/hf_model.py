@@ -50,7 +50,7 @@ from hfbridge._hf.model_inputs import (
     step_inputs,
 )
 from hfbridge._models.adapters import ModelAdapter
-from hfbridge._models.cache import crop_cache, reorder_cache
+from hfbridge._models.cache import check_croppable, crop_cache, reorder_cache
 
 __all__ = ["HFModel", "is_hf_model"]
 
@@ -185,6 +185,12 @@ class HFModel(ModelAdapter):
     def reorder_cache(self, state: dict[str, Any], beam_idx: torch.Tensor) -> dict[str, Any]:
         state[_CACHE] = {name: _reordered(self.hf, value, beam_idx) for name, value in state[_CACHE].items()}
         return state
+
+    def check_crop(self, state: dict[str, Any]) -> None:
+        """After the first call, before any rollback: each cache entry must be one `crop` can cut (a recurrent
+        state, Mamba's, cannot go back)."""
+        for name, value in state.get(_CACHE, {}).items():
+            check_croppable(value, state.get(_FED, 0), where=f"the model's `{name}`")
 
     def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
         if length < state.get(_FED, 0):

@@ -13,11 +13,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _banned_reference import pieces_tokenizer
 from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
 
 from hfbridge import Recompute, generate
 
-from _banned_reference import pieces_tokenizer
 from _tiny_models import model_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
@@ -88,3 +88,15 @@ def test_mirostat_in_the_models_own_config_turns_hfs_default_top_k_off_as_a_keyw
     hf.generation_config.top_k = 50  # the model's own top_k is kept, as a passed one
     out = generate(hf, prompt, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
     assert out.tolist() == with_top_k.tolist()
+
+
+def test_banned_strings_with_a_recurrent_cache_are_refused_at_the_first_step_not_the_first_ban():
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=48, hidden_size=16, num_hidden_layers=1, state_size=4,
+                                         bos_token_id=None, eos_token_id=None, pad_token_id=None)).eval()
+    # "x" is never generated: no rollback ever happens, yet the cache could not roll one back
+    with pytest.raises(TypeError, match=r"cannot drop positions from the model's `cache`, a "
+                                        r"DynamicCache that says it is not croppable .* or banned strings"):
+        generate(mamba, PROMPT, max_new_tokens=3, banned_strings=["x"], tokenizer=TOKENIZER)
