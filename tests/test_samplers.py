@@ -182,7 +182,9 @@ def test_dynamic_temperature_matches_the_reference(values, temperature, spread, 
     expected = ref.dynamic_temperature(values, temperature=temperature, spread=spread, exponent=exponent)
     got = DynamicTemperatureLogitsWarper(temperature, spread, exponent)(None, scores_of(values))[0]
     assume(not (temperature - spread <= 0 and any(0 < abs(v) < 1e-3 for v in expected)))
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32), rtol=1e-4, atol=1e-4)
+    # float32 entropy against the double reference: near T = 0 (range reaching 0) the division by a small T
+    # magnifies its rounding, and the summation order differs with the thread count (1.2e-4 seen)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float32), rtol=1e-3, atol=1e-4)
 
 
 @settings(max_examples=200, deadline=None)
