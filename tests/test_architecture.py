@@ -139,19 +139,14 @@ def wing_of(module: str) -> str | None:
 
 
 TYPED_GRAPH = {module: imports_of(module, type_only=True) for module in MODULES}
-# Wings whose trace types still sit beside their renderers (type-only cycles there are known; the
-# marker goes when they move below them, and strict=True says when that happened).
-_TYPE_ONLY_CYCLES_LEFT = {"hfbridge._views"}
 
 
 def test_type_only_imports_are_seen():
-    assert "hfbridge._views.explain_generation" in TYPED_GRAPH["hfbridge._views.trace_view"]  # TYPE_CHECKING only
-    assert "hfbridge._views.explain_generation" not in GRAPH["hfbridge._views.trace_view"]
+    assert "hfbridge._views.generation_record" in TYPED_GRAPH["hfbridge._views.trace_view"]  # TYPE_CHECKING only
+    assert "hfbridge._views.generation_record" not in GRAPH["hfbridge._views.trace_view"]
 
 
-@pytest.mark.parametrize("wing", [
-    pytest.param(wing, marks=pytest.mark.xfail(strict=True, reason="trace types beside their renderers"))
-    if wing in _TYPE_ONLY_CYCLES_LEFT else wing for wing in sorted(WINGS)])
+@pytest.mark.parametrize("wing", sorted(WINGS))
 def test_no_import_cycle_type_only_included(wing):
     # across wings a cycle needs an upward import, which the wing table refuses (type-only ones too)
     inside = {module: {m for m in imported if wing_of(m) == wing} for module, imported in TYPED_GRAPH.items()
