@@ -122,7 +122,7 @@ WINGS = {
     "hfbridge.processors": set(),
     "hfbridge._models": {"hfbridge._hf"},
     "hfbridge._step": {"hfbridge._hf", "hfbridge.processors", "hfbridge._step.fast"},
-    "hfbridge._step.fast": {"hfbridge._step.routes", "hfbridge._step.processor_list",
+    "hfbridge._step.fast": {"hfbridge._step.cpu_shortcuts", "hfbridge._step.processor_list",
                             "hfbridge._step.processor_repr", "hfbridge._step.row_errors", "hfbridge.processors"},
     "hfbridge._generate": {"hfbridge._step", "hfbridge._models", "hfbridge._hf"},
     "hfbridge._views": {"hfbridge._step", "hfbridge._generate"},
@@ -184,7 +184,7 @@ def test_every_module_has_a_wing():
     ("hfbridge._hf.host", "hfbridge._step.layout"),
     ("hfbridge.processors", "hfbridge._step.layout"),
     ("hfbridge.demo._model", "hfbridge._step.sampler"),
-    ("hfbridge.lm_eval._scoring", "hfbridge._step.inputs"),
+    ("hfbridge.lm_eval._scoring", "hfbridge._step.caller_inputs"),
 ])
 def test_the_table_refuses_upward_imports(importer, imported):
     assert not allowed(importer, imported)
@@ -192,8 +192,8 @@ def test_the_table_refuses_upward_imports(importer, imported):
 
 @pytest.mark.parametrize(("importer", "imported"), [
     ("hfbridge._step.sampler", "hfbridge._step.fast.fast_path"),
-    ("hfbridge._step.fast.top_p.draw", "hfbridge._step.fast.candidates"),
-    ("hfbridge._step.fast.fast_path", "hfbridge._step.routes"),
+    ("hfbridge._step.fast.top_p.draw_then_check", "hfbridge._step.fast.candidates"),
+    ("hfbridge._step.fast.fast_path", "hfbridge._step.cpu_shortcuts"),
     ("hfbridge._generate.loop", "hfbridge._step.sampler"),
     ("hfbridge._views.explain_step", "hfbridge._step.fast.fast_path"),
     ("hfbridge._views.explain_generation", "hfbridge._generate.output"),

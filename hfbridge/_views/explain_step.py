@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hfbridge._step.guidance import step_guidance
+from hfbridge._step.guidance_processor import step_guidance
 from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
