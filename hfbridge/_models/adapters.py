@@ -428,8 +428,8 @@ def check_padding_taken(adapter: ModelAdapter, attention_mask: torch.Tensor, *, 
     `pad_token_id` in the prompt (HF's rule) gets a warning instead: the pad id may be a real token
     of a model that does not care where it stands. One host read, at the start of the call.
     """
-    if getattr(adapter, "takes_mask", True):
-        return
+    if getattr(adapter, "takes_mask", True) or getattr(adapter, "mask_unknown", False):
+        return  # a catch-all signature cannot tell: ReturnsCache says so itself, naming attention_mask=True/False
     padded = (attention_mask == 0).any(dim=-1)  # [B]
     if not bool(padded.any()):
         return
