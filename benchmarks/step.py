@@ -44,9 +44,9 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from hfbridge import Sampler, accelerator_route, sample_step
-from hfbridge._step.fast.draw import draw_checked
 from hfbridge._step.fast.fast_path import fast_sample
 from hfbridge._step.fast.top_p.compiled import _radix
+from hfbridge._step.fast.weighted_draw import draw_checked
 
 SIZES = [(1, 32000), (8, 50257), (32, 128256)]
 QUICK_SIZES = [(1, 32000), (32, 128256)]

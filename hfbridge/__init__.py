@@ -15,8 +15,8 @@ from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, Returns
 from hfbridge._models.cache import crop_cache, reorder_cache
 from hfbridge._models.hooks import Hooks
 from hfbridge._step.build_processors import build_processors
+from hfbridge._step.cpu_shortcuts import accelerator_route
 from hfbridge._step.layout import Layout, from_rows, to_rows
-from hfbridge._step.routes import accelerator_route
 from hfbridge._step.sample_step import sample_step
 from hfbridge._step.sampler import Sampler
 from hfbridge._views.explain_generation import GenerationTrace, TokenStep, explain_generation

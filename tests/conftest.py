@@ -10,7 +10,8 @@ import torch
 from hypothesis import settings
 from transformers.utils import logging as hf_logging
 
-# The tests live in folders that mirror the package's wings (step/, fast/, generate/, views/); their
+# The tests live in folders that mirror the package's wings (step/, step/fast/, processors/, models/, hf/,
+# generate/, views/, demo/); the house-wide checks (architecture, docs, public API) stay here; their
 # shared helpers (_tiny_models, _zipf, _host_reads, _two_ranks) stay here and are imported as
 # top-level modules (`from _tiny_models import ...`) from any folder.
 TESTS = str(Path(__file__).resolve().parent)

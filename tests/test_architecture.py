@@ -122,7 +122,7 @@ WINGS = {
     "hfbridge.processors": set(),
     "hfbridge._models": {"hfbridge._hf"},
     "hfbridge._step": {"hfbridge._hf", "hfbridge.processors", "hfbridge._step.fast"},
-    "hfbridge._step.fast": {"hfbridge._step.routes", "hfbridge._step.processor_list",
+    "hfbridge._step.fast": {"hfbridge._step.cpu_shortcuts", "hfbridge._step.processor_list",
                             "hfbridge._step.processor_repr", "hfbridge._step.row_errors", "hfbridge.processors"},
     "hfbridge._generate": {"hfbridge._step", "hfbridge._models", "hfbridge._hf"},
     "hfbridge._views": {"hfbridge._step", "hfbridge._generate"},
@@ -139,19 +139,14 @@ def wing_of(module: str) -> str | None:
 
 
 TYPED_GRAPH = {module: imports_of(module, type_only=True) for module in MODULES}
-# Wings whose trace types still sit beside their renderers (type-only cycles there are known; the
-# marker goes when they move below them, and strict=True says when that happened).
-_TYPE_ONLY_CYCLES_LEFT = {"hfbridge._views"}
 
 
 def test_type_only_imports_are_seen():
-    assert "hfbridge._views.explain_generation" in TYPED_GRAPH["hfbridge._views.trace_view"]  # TYPE_CHECKING only
-    assert "hfbridge._views.explain_generation" not in GRAPH["hfbridge._views.trace_view"]
+    assert "hfbridge._views.generation_record" in TYPED_GRAPH["hfbridge._views.trace_view"]  # TYPE_CHECKING only
+    assert "hfbridge._views.generation_record" not in GRAPH["hfbridge._views.trace_view"]
 
 
-@pytest.mark.parametrize("wing", [
-    pytest.param(wing, marks=pytest.mark.xfail(strict=True, reason="trace types beside their renderers"))
-    if wing in _TYPE_ONLY_CYCLES_LEFT else wing for wing in sorted(WINGS)])
+@pytest.mark.parametrize("wing", sorted(WINGS))
 def test_no_import_cycle_type_only_included(wing):
     # across wings a cycle needs an upward import, which the wing table refuses (type-only ones too)
     inside = {module: {m for m in imported if wing_of(m) == wing} for module, imported in TYPED_GRAPH.items()
@@ -189,7 +184,7 @@ def test_every_module_has_a_wing():
     ("hfbridge._hf.host", "hfbridge._step.layout"),
     ("hfbridge.processors", "hfbridge._step.layout"),
     ("hfbridge.demo._model", "hfbridge._step.sampler"),
-    ("hfbridge.lm_eval._scoring", "hfbridge._step.inputs"),
+    ("hfbridge.lm_eval._scoring", "hfbridge._step.caller_inputs"),
 ])
 def test_the_table_refuses_upward_imports(importer, imported):
     assert not allowed(importer, imported)
@@ -197,8 +192,8 @@ def test_the_table_refuses_upward_imports(importer, imported):
 
 @pytest.mark.parametrize(("importer", "imported"), [
     ("hfbridge._step.sampler", "hfbridge._step.fast.fast_path"),
-    ("hfbridge._step.fast.top_p.draw", "hfbridge._step.fast.candidates"),
-    ("hfbridge._step.fast.fast_path", "hfbridge._step.routes"),
+    ("hfbridge._step.fast.top_p.draw_then_check", "hfbridge._step.fast.candidates"),
+    ("hfbridge._step.fast.fast_path", "hfbridge._step.cpu_shortcuts"),
     ("hfbridge._generate.loop", "hfbridge._step.sampler"),
     ("hfbridge._views.explain_step", "hfbridge._step.fast.fast_path"),
     ("hfbridge._views.explain_generation", "hfbridge._generate.output"),

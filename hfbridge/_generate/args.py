@@ -134,7 +134,7 @@ def _check_streamer(streamer: Any) -> None:
 
 
 # Options HF's `generate` implements with more than logits processors: (is it set?, why it cannot work here).
-# (`guidance_scale` and `watermarking_config` run: `_generate/guidance.py`, `_step/watermark.py`.)
+# (`guidance_scale` and `watermarking_config` run: `_generate/unconditional_branch.py`, `_step/watermark.py`.)
 _UNSUPPORTED = {
     "penalty_alpha": (lambda value: value is not None and value > 0,
                       "contrastive search re-ranks candidates with the model's hidden states. Transformers 5 moved "

@@ -31,12 +31,12 @@ from hfbridge._generate.args import (
     has_default_max_length,
 )
 from hfbridge._generate.banned_loop import BannedLoop, check_adapter, make_bans, split_banned
-from hfbridge._generate.guidance import split_guidance, unconditional_branch
 from hfbridge._generate.loop import LoopOptions, pads_finished
 from hfbridge._generate.loop import decode as loop_decode
 from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.prepared import Call
+from hfbridge._generate.unconditional_branch import split_guidance, unconditional_branch
 from hfbridge._hf.host import ProcessorHost, generation_option_names, special_token
 from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
@@ -121,7 +121,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
         )
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
-    # guidance_scale: the unconditional sequence through the adapter, with its own state (`guidance.py`)
+    # guidance_scale: the unconditional sequence through the adapter, with its own state (`unconditional_branch.py`)
     unconditional = unconditional_branch(adapter, config, guidance, input_ids=input_ids, expand=expand,
                                          model_inputs=model_inputs, assisted=mode == ASSISTED)
     sampler = Sampler.from_prepared(config, processors=user_processors, layout=layout,

@@ -25,12 +25,12 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
 from hfbridge._generate.call import prepare
-from hfbridge._generate.guidance import check_guidance_loop
 from hfbridge._generate.lockstep import resolve as resolve_synced_gpus
 from hfbridge._generate.loop import LoopOptions, check_every_option
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.stateful_calls import Stateful
 from hfbridge._generate.strategies import STRATEGIES, check_loop_options
+from hfbridge._generate.unconditional_branch import check_guidance_loop
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.choose import as_adapter
 from hfbridge._step.layout import LayoutLike

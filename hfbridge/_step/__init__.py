@@ -6,7 +6,9 @@ set of options), `option_table` (the option registry: one row per sampling optio
 samplers'), `option_checks` (every option's check: `check_option_values`), `community_options` (the community
 samplers built and placed from their rows), `sampler_order` (llama.cpp's `--samplers` order of the chain),
 `processor_list` (the checked list),
-`routes` (CPU/accelerator choices), `fast/` (the fused, sort-free path).
+`cpu_shortcuts` (CPU/accelerator choices), `caller_inputs` (the logits inside
+a model output), `sampler_rows` (a `Sampler` step's first stages: checked rows), `guidance_processor`
+(`guidance_scale=`'s processor), `fast/` (the fused, sort-free path).
 Imports: `hfbridge._hf`, `hfbridge.processors`, torch, transformers; never `_models`, `_generate`, `_views`.
 
 >>> import torch

@@ -18,7 +18,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step import community_options
-from hfbridge._step.guidance import last_position, refuse_without_unconditional, with_unconditional
+from hfbridge._step.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
 from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_option_values, did_you_mean
 from hfbridge._step.option_table import ROWS, hf_sampling_options, plain_options
 from hfbridge._step.prefix_fn import with_checked_prefix
@@ -32,7 +32,8 @@ _PROCESSOR_OPTIONS = (
     "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens",
     "begin_suppress_tokens", "exponential_decay_length_penalty", "remove_invalid_values",
     "renormalize_logits", "eos_token_id", "pad_token_id", "bos_token_id", "max_length",
-    "max_new_tokens", "do_sample", "watermarking_config", "guidance_scale",  # `_step/watermark.py`, `_step/guidance.py`
+    # `_step/watermark.py`, `_step/guidance_processor.py`:
+    "max_new_tokens", "do_sample", "watermarking_config", "guidance_scale",
 )
 
 # Options after which HF's default `top_k=50` is off unless `top_k` is passed: llama.cpp runs mirostat
@@ -300,7 +301,7 @@ def processors_for_config(
     as a `CheckedProcessorList` (each processor's output is checked when the list is called).
 
     Sets the config's private special-token tensors (`_eos_token_tensor`, ...) as `generate` does.
-    `unconditional(input_ids) -> logits` feeds `guidance_scale` (see `hfbridge._step.guidance`), `rows`
+    `unconditional(input_ids) -> logits` feeds `guidance_scale` (see `hfbridge._step.guidance_processor`), `rows`
     turns its output into `(rows, vocab)` logits (default: the last position of `(batch, seq, vocab)`).
     """
     device = torch.device(device) if device is not None else torch.device("cpu")

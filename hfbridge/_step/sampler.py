@@ -16,8 +16,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._step.build_processors import make_generation_config, processors_for_config
-from hfbridge._step.guidance import checked_unconditional
-from hfbridge._step.inputs import extract_logits, keeps_ids_intact
+from hfbridge._step.caller_inputs import extract_logits, keeps_ids_intact
+from hfbridge._step.cpu_shortcuts import greedy_choice
+from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
 from hfbridge._step.option_table import per_row_options
@@ -25,9 +26,8 @@ from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, choose_rows, fast_rows
 from hfbridge._step.processor_list import CheckedProcessorList, processor_name
-from hfbridge._step.routes import greedy_choice
 from hfbridge._step.row_errors import invalid_rows_error
-from hfbridge._step.sampler_inputs import StepInputs
+from hfbridge._step.sampler_rows import StepInputs
 from hfbridge._step.sampler_state import SamplerState, first_warper, replayed
 from hfbridge.processors._host import owned_scores
 
@@ -155,7 +155,8 @@ class Sampler(SamplerState, StepInputs):
         self.do_sample = bool(config.do_sample)
         self._user_processors = processors
         self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
-        self._unconditional = checked_unconditional(unconditional)  # guidance_scale's logits (`_step/guidance.py`)
+        # guidance_scale's logits (`_step/guidance_processor.py`)
+        self._unconditional = checked_unconditional(unconditional)
         self._attention_mask = attention_mask
         self._tokenizer = tokenizer  # DRY's string breakers
         # Token ids in the options, checked against the vocabulary once its width is known (first step).

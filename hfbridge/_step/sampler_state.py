@@ -24,9 +24,9 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessorList
 
+from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.option_table import sampling_processors
 from hfbridge._step.processor_list import check_processor_output
-from hfbridge._step.routes import greedy_choice
 from hfbridge.processors._stateful import is_stateful
 
 __all__ = ["SamplerState", "StepResult", "first_warper", "replayed"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from hfbridge._views.html import CARD, MONO, MUTED, ROOT_STYLE, TEXT, Html, el, join
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hfbridge._views.explain_step import StepTrace
+    from hfbridge._views.step_record import StepRecord
 
 __all__ = ["step_html"]
 
@@ -40,7 +40,7 @@ def _wrappable(name: str) -> Html:
     return join(part for word in _WORD.split(name) for part in (Html("<wbr>"), word))
 
 
-def step_html(trace: StepTrace) -> str:
+def step_html(trace: StepRecord) -> str:
     """The trace as one `<div>` with inline styles (what Jupyter shows)."""
     head = [el("th", "", style=f"{CARD}")]
     for number, stage in enumerate(trace.stages):

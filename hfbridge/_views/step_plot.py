@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from hfbridge._views.explain_step import Stage, StepTrace
+    from hfbridge._views.step_record import Stage, StepRecord
 
 __all__ = ["plot_step"]
 
 
-def plot_step(trace: StepTrace, *, top: int | None = None, ax: Any = None) -> Any:
+def plot_step(trace: StepRecord, *, top: int | None = None, ax: Any = None) -> Any:
     """`StepTrace.plot` (see there): the matplotlib `Figure`, a new one closed in pyplot unless `ax` is given."""
     try:
         import matplotlib.pyplot as plt

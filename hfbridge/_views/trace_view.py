@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 from hfbridge._views.html import prob_colour
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hfbridge._views.explain_generation import GenerationTrace, TokenStep
+    from hfbridge._views.generation_record import GenerationRecord, TokenStep
 
 _PADDING_BACKGROUND = "#e1e4e8"
 LONG_PLOT = 300  # from this many steps on, the plot draws lines (bars would be a grey wall)
 
 
-def _headline(trace: GenerationTrace) -> str:
+def _headline(trace: GenerationRecord) -> str:
     count = len(trace.generated)
     where = f"row {trace.row} of {trace.rows}" + (" (beam search)" if trace.beams else "")
     return f"{where}, {count} generated token{'s' if count != 1 else ''}"
 
 
-def summary(trace: GenerationTrace) -> str:
+def summary(trace: GenerationRecord) -> str:
     generated = trace.generated
     parts = [_headline(trace)]
     padding = len(trace.steps) - len(generated)
@@ -47,7 +47,7 @@ def summary(trace: GenerationTrace) -> str:
 # --- terminal ---------------------------------------------------------------------------------------
 
 
-def text_table(trace: GenerationTrace) -> str:
+def text_table(trace: GenerationRecord) -> str:
     lines = [summary(trace)]
     if trace.tokenizer is not None:
         lines.append(f"prompt: {trace.prompt_text!r}")
@@ -78,7 +78,7 @@ def _clip(text: str, width: int) -> str:
 # --- plot -------------------------------------------------------------------------------------------
 
 
-def plot(trace: GenerationTrace, axes: Any = None) -> Any:
+def plot(trace: GenerationRecord, axes: Any = None) -> Any:
     try:
         import matplotlib.pyplot as plt
     except ImportError as error:
@@ -144,7 +144,7 @@ def plot(trace: GenerationTrace, axes: Any = None) -> Any:
     return fig
 
 
-def _plot_long(trace: GenerationTrace, top: Any, bottom: Any) -> None:
+def _plot_long(trace: GenerationRecord, top: Any, bottom: Any) -> None:
     """Past a few hundred steps: every step as a faint dot, a rolling mean as a line, rare tokens marked."""
     steps = [step for step in trace.steps if not step.padding]
     x = [step.step for step in steps]
@@ -187,7 +187,7 @@ def _runs(positions: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _tick(trace: GenerationTrace, step: TokenStep) -> str:
+def _tick(trace: GenerationRecord, step: TokenStep) -> str:
     if step.text is None:
         return str(step.token)
     # Spaces as middle dots: a rotated label with a leading blank reads as misplaced.

@@ -542,7 +542,7 @@ def test_unsupported_modes():
     _raises_before_any_call(ValueError, "generate() does not support `penalty_alpha`=0.6: contrastive search re-ranks "
                                         "candidates with the model's hidden states.", max_new_tokens=3,
                             penalty_alpha=0.6, top_k=4)
-    # guidance_scale runs (tests/test_guidance_watermark.py)
+    # guidance_scale runs (tests/generate/test_guidance_watermark.py)
     _raises_before_any_call(ValueError, "`output_attentions=True` needs the model's internals, which generate() "
                                         "does not see", max_new_tokens=3, output_attentions=True)
 
@@ -645,7 +645,7 @@ def test_docstring_examples(module):
 
 
 def test_an_hf_model_itself():
-    """A `PreTrainedModel` passed as it is gets the `HFModel` adapter (tests/test_hf_model.py); with
+    """A `PreTrainedModel` passed as it is gets the `HFModel` adapter (tests/models/test_hf_model.py); with
     `Recompute` it is a plain callable returning a `ModelOutput`, whose `.logits` are used."""
     hf = tiny_gpt2()
     prompt = torch.tensor([[5, 9, 13, 2]])

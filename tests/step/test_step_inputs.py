@@ -10,10 +10,10 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler, build_processors
-from hfbridge._step import inputs as _step_inputs
+from hfbridge._step import caller_inputs as _step_inputs
+from hfbridge._step.cpu_shortcuts import accelerator_route, ids_outside
 from hfbridge._step.fast.fast_path import fast_draw
 from hfbridge._step.processor_list import CheckedProcessorList
-from hfbridge._step.routes import accelerator_route, ids_outside
 
 V = 50
 

@@ -1,10 +1,10 @@
 """The fast path: the step's processors fused, without sorting the vocabulary.
 
 Entry points: `fast_path.fast_sample` / `fast_draw` / `fast_scores`; `state.FastState` (the scores
-between processors) with `pending` (what the last filter decided, one tagged value); `draw`
+between processors) with `pending` (what the last filter decided, one tagged value); `weighted_draw`
 (drawing from kept tokens); `candidates` (the best tokens of each row by block maxima); `one_row`
-(batch 1); `top_p/` (the top-p routes, and `top_p/route.py`, the one table that chooses them).
-Imports: `hfbridge._step`'s helpers below it (routes, processor_list), torch, numpy.
+(batch 1); `top_p/` (the top-p routes, and `top_p/route_table.py`, the one table that chooses them).
+Imports: `hfbridge._step`'s helpers below it (cpu_shortcuts, processor_list), torch, numpy.
 
 >>> import torch
 >>> from transformers import TopKLogitsWarper

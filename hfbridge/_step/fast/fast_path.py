@@ -6,7 +6,7 @@ place. Known processors are matched by exact type (a subclass that overrides `__
 through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) are read from them.
 What a filter decides is kept pending in a `FastState` (`state.py`), as one tagged value
 (`pending.py`), and written into the scores only if something reads them. Which top-p route runs
-is decided in one place, `top_p/route.py`. The processors it knows:
+is decided in one place, `top_p/route_table.py`. The processors it knows:
 
 - `TemperatureLogitsWarper`: the same `scores / temperature`, deferred: a top-k right after it
   divides only its candidates (dividing by a positive number keeps the order). Scores lent
@@ -20,7 +20,7 @@ is decided in one place, `top_p/route.py`. The processors it knows:
   a check proves they contain it. When more tokens survive, the draw needs no cut: it draws from
   the whole softmax and keeps the token if HF does (at once for the candidates that surely
   survive, else by the running sum at the token's place), drawing that row again if not
-  (`_step/fast/top_p/draw.py`; candidates that a bound shows cannot hold the cut are not even tried).
+  (`_step/fast/top_p/draw_then_check.py`; candidates that a bound shows cannot hold the cut are not even tried).
   Scores that something reads (`fast_scores`, a later processor, an error message) get the cut
   from a sorted compaction or a radix select over the bits of the probabilities.
 - `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
@@ -53,7 +53,7 @@ decide whether the candidates suffice and which rows draw again. On other device
 `torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and draws among them;
 `torch.cond` runs the radix select only when a row's cut is not among them (`top_p/compiled.py`);
 eager on an accelerator the radix select runs alone, as `torch.cond` would read its flag on the host.
-`with accelerator_route():` (`_step/routes.py`) runs that eager accelerator route on CPU too.
+`with accelerator_route():` (`_step/cpu_shortcuts.py`) runs that eager accelerator route on CPU too.
 
 Rows that cannot be sampled. A row whose final scores hold NaN or `+inf`, or nothing above `-inf`,
 has no distribution; HF's `torch.multinomial` fails on it. The fused kernels give such a row an
@@ -85,14 +85,14 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from hfbridge._step.cpu_shortcuts import cpu_shortcuts
 from hfbridge._step.fast.candidates import top_candidates
-from hfbridge._step.fast.draw import draw
 from hfbridge._step.fast.pending import Candidates, Mask
 from hfbridge._step.fast.state import FastState
 from hfbridge._step.fast.top_p.mask import top_p_mask
-from hfbridge._step.fast.top_p.route import top_p_plan
+from hfbridge._step.fast.top_p.route_table import top_p_plan
+from hfbridge._step.fast.weighted_draw import draw
 from hfbridge._step.processor_list import check_processor_output
-from hfbridge._step.routes import cpu_shortcuts
 from hfbridge.processors._host import owned_scores
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
@@ -266,6 +266,6 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
 
 
 def _top_p(state: FastState, processor: TopPLogitsWarper, candidates: bool, memo: dict | None) -> None:
-    # which route: the one table in `top_p/route.py`
+    # which route: the one table in `top_p/route_table.py`
     plan = top_p_plan(state, processor.top_p, processor.min_tokens_to_keep, candidates=candidates, memo=memo)
     state.filtered(processor.filter_value, plan)

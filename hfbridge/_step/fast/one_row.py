@@ -41,8 +41,8 @@ import math
 import numpy as np
 import torch
 
-from hfbridge._step.fast.draw import host_view
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
+from hfbridge._step.fast.weighted_draw import host_view
 
 __all__ = ["MAX_SORTED", "one_row_kept", "one_row_top_p"]
 

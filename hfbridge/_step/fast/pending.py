@@ -10,10 +10,10 @@ None: write first, then draw from the softmax).
 | `Mask` | min-p, top-k without candidates, top-p's exact and radix cuts | `(batch, vocab)` kept, the softmax |
 | `Candidates` | top-k and top-p when the best tokens hold every cut | `(batch, K)` ids, scores, which survive |
 | `OneRow` | top-p on one CPU row (`one_row.py`) | `(K,)` NumPy ids and scores, all kept |
-| `Draw` | top-p keeping many tokens, CPU (`top_p/draw.py`) | the cut left to the draw's check |
+| `Draw` | top-p keeping many tokens, CPU (`top_p/draw_then_check.py`) | the cut left to the draw's check |
 | `Fixed` | top-p under `torch.compile` (`top_p/compiled.py`) | the fixed-shape cut |
 
-The top-p route table that chooses among them is `top_p/route.py`.
+The top-p route table that chooses among them is `top_p/route_table.py`.
 
 >>> import torch
 >>> pending = Mask(torch.tensor([[True, False, True]]))
@@ -31,10 +31,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from hfbridge._step.fast.draw import draw_checked, draw_kept, draw_one_row_known, pick
 from hfbridge._step.fast.top_p.compiled import FixedTopP
-from hfbridge._step.fast.top_p.draw import TopPDraw, draw_top_p
+from hfbridge._step.fast.top_p.draw_then_check import TopPDraw, draw_top_p
 from hfbridge._step.fast.top_p.sorted_mask import exact_top_p_mask
+from hfbridge._step.fast.weighted_draw import draw_checked, draw_kept, draw_one_row_known, pick
 
 __all__ = ["Candidates", "Draw", "Fixed", "Mask", "OneRow", "Pending"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from hfbridge._step.fast.draw import draw_checked
 from hfbridge._step.fast.pending import Drawn, Pending
+from hfbridge._step.fast.weighted_draw import draw_checked
 
 __all__ = ["FastState"]
 

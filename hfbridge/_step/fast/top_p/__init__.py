@@ -1,7 +1,7 @@
 """Top-p (nucleus) on the fast path: one module per route.
 
-`route` (the route table: which route runs, returning a plan), `mask` (the exact float32 mask,
-HF's cut), `sorted_mask` (one sort, for rows that keep many), `draw` (draw, then check the token,
+`route_table` (the route table: which route runs, returning a plan), `mask` (the exact float32 mask,
+HF's cut), `sorted_mask` (one sort, for rows that keep many), `draw_then_check` (draw, then check the token,
 when many survive), `floor_candidates` (the candidates above last step's floor), `compiled` (the
 fixed-shape route for `torch.compile` and accelerators).
 Imports: `hfbridge._step.fast` helpers, torch, numpy.

@@ -25,10 +25,10 @@ from typing import Literal, NamedTuple
 import torch
 
 from hfbridge._step.fast.candidates import block_topk, top_p_count
-from hfbridge._step.fast.draw import draw_checked, pick
 from hfbridge._step.fast.ordered_topk import ordered_topk
 from hfbridge._step.fast.top_p.mask import _CHUNK as _TOP_P_CHUNK
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
+from hfbridge._step.fast.weighted_draw import draw_checked, pick
 
 __all__ = ["CANDIDATES", "FixedTopP", "block_topk", "candidate_cut", "fixed_top_p", "top_p_keep"]
 

@@ -6,7 +6,7 @@ negative prompt, or on the prompt's last token) and mixes the two log-softmaxes,
 installed transformers (its `__call__`), and replaces only where the unconditional logits come
 from (`get_unconditional_logits`): `unconditional(input_ids)`, a callable the caller supplies.
 `generate` supplies one that runs the unconditional sequence through the model's adapter
-(`hfbridge._generate.guidance`); `sample_step` one that returns the `unconditional_logits=` it was given.
+(`hfbridge._generate.unconditional_branch`); `sample_step` one that returns the `unconditional_logits=` it was given.
 
 HF's `_get_logits_processor` builds the processor at HF's place (first in the chain) with a
 stand-in host as its model; `with_unconditional` swaps it for a `ClassifierFreeGuidance`.
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
-from hfbridge._step.inputs import extract_logits
+from hfbridge._step.caller_inputs import extract_logits
 from hfbridge._step.watermark import is_synthid
 
 __all__ = ["ClassifierFreeGuidance", "checked_unconditional", "last_position", "refuse_synthid_step",

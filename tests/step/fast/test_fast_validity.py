@@ -240,7 +240,7 @@ def test_generate_names_the_step_and_row(fast):
         return logits
 
     if not fast:
-        return  # exact mode's +inf error (tests/test_trust.py)
+        return  # exact mode's +inf error (tests/step/test_trust.py)
     with pytest.raises(ValueError, match=re.escape("generate(): at step 1: ")) as info:
         generate(_model_with_fault(inf_row, at_step=1), PROMPT, max_new_tokens=5, do_sample=True, top_k=5, fast=fast)
     assert "row 0" in str(info.value) and "inf" in str(info.value)

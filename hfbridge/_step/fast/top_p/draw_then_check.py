@@ -45,8 +45,8 @@ from hfbridge._step.fast.candidates import (
     proved_last,
     top_p_candidates,
 )
-from hfbridge._step.fast.draw import draw, pick
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
+from hfbridge._step.fast.weighted_draw import draw, pick
 
 __all__ = ["TopPDraw", "draw_top_p", "kept_exactly", "top_p_route"]
 

@@ -8,13 +8,13 @@ writes it or draws from it. The routes, in the order they are tried:
 | after top-k | the last filter left candidates and removes with `-inf` | `Candidates`: the cut among them |
 | one row | `candidates`, batch 1 (`one_row.py`, NumPy) | `OneRow`, or `Mask` when many are kept |
 | candidates | `candidates`, the best tokens prove every row's cut (`candidates.py`) | `Candidates` |
-| draw | `candidates`, many kept, `top_p >= 0.5`, every row has a distribution (`draw.py`) | `Draw` |
+| draw | `candidates`, many kept, `top_p >= 0.5`, every row has a distribution (`draw_then_check.py`) | `Draw` |
 | exact | `candidates`, otherwise (`sorted_mask.py` on CPU) | `Mask` |
 | compiled | under `torch.compile` (`compiled.py`, `torch.cond`) | `Fixed` |
 | device sort | eager, no `candidates`: an accelerator, `accelerator_route()` (`device_sort.py`) | `Mask` |
 
 `candidates` (read flags on the host) is on for CPU eager outside `accelerator_route()`
-(`hfbridge._step.routes.cpu_shortcuts`). Every route keeps HF's tokens; they differ in cost and in
+(`hfbridge._step.cpu_shortcuts.cpu_shortcuts`). Every route keeps HF's tokens; they differ in cost and in
 whether they read a value on the host.
 
 >>> import torch
@@ -37,7 +37,7 @@ from hfbridge._step.fast.one_row import one_row_kept
 from hfbridge._step.fast.pending import Candidates, Draw, Fixed, Mask, OneRow, Pending
 from hfbridge._step.fast.top_p.compiled import fixed_top_p
 from hfbridge._step.fast.top_p.device_sort import sorted_top_p_keep
-from hfbridge._step.fast.top_p.draw import top_p_route
+from hfbridge._step.fast.top_p.draw_then_check import top_p_route
 from hfbridge._step.fast.top_p.sorted_mask import exact_top_p_mask
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -21,7 +21,7 @@ from hfbridge.demo._assets import ASSET_DIR
 from hfbridge.demo._stories import stories
 from hfbridge.demo.train import DEFAULT_CONFIG, build_tokenizer, corpus_documents, train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PINNED_GREEDY = "The lighthouse keeper wanted to give the baker a present."
 
 

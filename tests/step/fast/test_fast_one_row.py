@@ -11,10 +11,10 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler, sample_step
-from hfbridge._step.fast import draw as _draw
 from hfbridge._step.fast import one_row as _one_row
-from hfbridge._step.fast.draw import draw_one_row, pick
+from hfbridge._step.fast import weighted_draw as _draw
 from hfbridge._step.fast.fast_path import fast_draw, fast_sample, fast_scores
+from hfbridge._step.fast.weighted_draw import draw_one_row, pick
 
 NEG_INF, NAN, INF = float("-inf"), float("nan"), float("inf")
 

@@ -11,8 +11,8 @@ from transformers.generation import logits_process as hf
 from hfbridge import Sampler, sample_step
 from hfbridge._step.fast.candidates import certified_total, top_p_candidates
 from hfbridge._step.fast.fast_path import fast_draw, fast_sample, fast_scores
-from hfbridge._step.fast.top_p import draw as _top_p_draw
-from hfbridge._step.fast.top_p.draw import TopPDraw, draw_top_p, kept_exactly, top_p_route
+from hfbridge._step.fast.top_p import draw_then_check as _top_p_draw
+from hfbridge._step.fast.top_p.draw_then_check import TopPDraw, draw_top_p, kept_exactly, top_p_route
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
 
 NEG_INF = float("-inf")

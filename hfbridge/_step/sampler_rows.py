@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._step.inputs import check_not_meta, extract_logits
+from hfbridge._step.caller_inputs import check_not_meta, extract_logits
+from hfbridge._step.cpu_shortcuts import ids_outside
 from hfbridge._step.layout import Layout, LayoutLike, rows_of
-from hfbridge._step.routes import ids_outside
 
 
 class StepInputs:
