@@ -131,7 +131,7 @@ class StepInputs:
         """`input_ids` as `(rows, seq)` int64 (a private copy where needed), checked against the logits rows.
 
         When no processor could write them (none, or only HF's own option-built processors:
-        `_step_inputs.keeps_ids_intact`), they are not copied (a view of `input_ids` when already int64).
+        `caller_inputs.keeps_ids_intact`), they are not copied (a view of `input_ids` when already int64).
 
         Args:
             input_ids: `(*batch, seq)` token ids, or None (no context: an empty `(rows, 0)` tensor).

@@ -1,4 +1,4 @@
-"""What the step does with the caller's inputs (`_step_inputs.py`, `_routes.ids_outside`, the
+"""What the step does with the caller's inputs (`caller_inputs.py`, `cpu_shortcuts.ids_outside`, the
 processor list's direct calls): the ids copied only when a processor could write them, the id range
 checked on every route, HF's processors called as HF's list calls them, the one-row validity."""
 
