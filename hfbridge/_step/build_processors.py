@@ -129,7 +129,7 @@ def make_generation_config(
         do_sample = True  # as a sampling option of HF's would
     configs = [config for config in (generation_config, host.generation_config if host is not None else None)
                if config is not None]  # the call's, then the model's own (HF's merge fills in from it)
-    top_k_passed = options.get("top_k") is not None or any(config.top_k is not None for config in configs)
+    top_k_passed = options.get("top_k") is not None or any(_sets_top_k(config) for config in configs)
     if not top_k_passed and any(off(community.get(name, next((getattr(config, name) for config in configs
                                                               if getattr(config, name, None) is not None), None)))
                                 for name, off in _NO_DEFAULT_TOP_K.items()):
@@ -358,3 +358,12 @@ def callable_list(items: Iterable[Callable] | Callable | None, list_type: type[_
             raise TypeError(f"`{name}[{index}]` must be callable as {contract}, got {type(item).__name__}.")
         result.append(item)
     return result
+
+
+_DEFAULT_TOP_K = GenerationConfig().top_k  # 50 on transformers 4.x, None (unset) from 5.0 on
+
+
+def _sets_top_k(config: GenerationConfig) -> bool:
+    """Whether `config` sets `top_k` itself: on transformers 4.x a config holds HF's default 50 whether or not
+    anyone set it, so there only another value counts as set."""
+    return config.top_k is not None and config.top_k != _DEFAULT_TOP_K

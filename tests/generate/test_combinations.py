@@ -14,6 +14,7 @@ import warnings
 
 import pytest
 import torch
+import transformers
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.utils import GenerationMixin
 from transformers.utils import logging as hf_logging
@@ -305,14 +306,17 @@ def test_a_generation_config_with_keyword_options_merges_without_the_deprecation
     prompt = torch.tensor([[1, 2, 3]])
     # HF's own merge logs the deprecation for this call (the test would see it)
     GenerationMixin._prepare_generation_config(_model("gpt2"), GenerationConfig(max_new_tokens=4), top_k=3)
-    assert any("deprecated" in message for message in hf_log)
+    if int(transformers.__version__.split(".")[0]) >= 5:  # transformers 4.x merges without that message
+        assert any("deprecated" in message for message in hf_log)
     hf_log.clear()
     hf_logging.warning_once.cache_clear()
+    with warnings.catch_warnings():  # transformers 4.x warns at building a config with temperature and no do_sample
+        warnings.simplefilter("ignore")
+        config = GenerationConfig(max_new_tokens=4, temperature=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.manual_seed(0)
-        merged = generate(Counting(), prompt, generation_config=GenerationConfig(max_new_tokens=4, temperature=0.5),
-                          top_k=3, do_sample=True)
+        merged = generate(Counting(), prompt, generation_config=config, top_k=3, do_sample=True)
         torch.manual_seed(0)
         expected = generate(Counting(), prompt, generation_config=GenerationConfig(
             max_new_tokens=4, temperature=0.5, top_k=3, do_sample=True))
