@@ -195,8 +195,10 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
     generator list has one per row. The community samplers' per-row values (on `config`) are expanded
     in place the same way; a strategy without per-row values refuses both kinds alike."""
     rows = batch * expand
-    found = {name: _row_values(getattr(config, name, None)) for name, row in COMMUNITY_OPTIONS.items() if row.per_row}
-    community = {name: values for name, values in found.items() if values is not None}
+    # the one per-row parser (`split_per_row`), on the values the config carries (keywords are split already)
+    _, carried = split_per_row({name: getattr(config, name, None) for name, row in COMMUNITY_OPTIONS.items()
+                                if row.per_row})
+    community = carried.values if carried is not None else {}
     if not strategy.per_row and (per_row is not None or community or isinstance(generator, (list, tuple))):
         name = next(iter(per_row.values)) if per_row is not None else next(iter(community), None)
         what = f"`{name}` per row" if name is not None else "a list of generators"
@@ -218,16 +220,3 @@ def check_rows_of_call(per_row: PerRowValues | None, generator: Any, *, batch: i
     if per_row is None:
         return None
     return per_row.expanded(expand) if expand > 1 else per_row
-
-
-
-
-def _row_values(value: Any) -> tuple | None:
-    """`value` as one value per row, or None for a scalar (or unset) value."""
-    if isinstance(value, torch.Tensor):
-        return tuple(value.tolist()) if value.ndim == 1 else None  # read once, when the call is prepared
-    if isinstance(value, (list, tuple)):
-        return tuple(value)
-    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):  # a numpy array
-        return tuple(value.tolist())
-    return None
