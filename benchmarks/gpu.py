@@ -120,6 +120,14 @@ def fast_options(name: str, rows: int) -> dict:
     return dict(options)
 
 
+def measured_row(name: str, call: Callable[[], object], floor: float, repeats: int) -> str:
+    """A table row: `call` warmed up, timed (ms and reads of the logits) and its host syncs counted."""
+    for _ in range(3):
+        call()
+    ms = event_times(call, repeats)
+    return f"| {name} | {ms:.4f} | {ms / floor:.1f} | {count_syncs(call)} |"
+
+
 def cost_and_syncs(repeats: int) -> None:
     print("## cost (CUDA events, median) and host syncs per call\n")
     for rows, vocab in [(1, 32000), (32, 128256)]:
@@ -138,11 +146,7 @@ def cost_and_syncs(repeats: int) -> None:
             else:
                 def call(processor=processor):
                     return processor(ids, scores)
-            for _ in range(3):
-                call()
-            ms = event_times(call, repeats)
-            syncs = count_syncs(call)
-            print(f"| {name} | {ms:.4f} | {ms / floor:.1f} | {syncs} |")
+            print(measured_row(name, call, floor, repeats))
         print()
         print("| `Sampler(fast=True).next_tokens(check=False)` | ms | reads | host syncs per step |")
         print("|---|---:|---:|---:|")
@@ -150,11 +154,7 @@ def cost_and_syncs(repeats: int) -> None:
             sampler = Sampler(fast=True, **fast_options(name, rows))
             def step(sampler=sampler):
                 return sampler.next_tokens(ids, scores, check=False)
-            for _ in range(3):
-                step()
-            ms = event_times(step, repeats)
-            syncs = count_syncs(step)
-            print(f"| {name} | {ms:.4f} | {ms / floor:.1f} | {syncs} |")
+            print(measured_row(name, step, floor, repeats))
         print()
 
 
