@@ -22,10 +22,13 @@ and llama.cpp; llama.cpp `src/llama-sampler.cpp`; defaults from `common/common.h
 training context (here: the whole of `input_ids`); text-generation-webui penalises by
 `multiplier * base ** (n - allowed)` without the cap, and matches breakers as single tokens only.
 
-Batched and sync-free: step 2 is a binary search on every position at once over polynomial
-hashes of the window's prefixes (64-bit wrapping arithmetic, about 10 passes over a `(rows,
-window)` tensor), step 3 one scatter into the scores. Two different token strings of the window
-compare equal only under a 64-bit hash collision.
+Two paths, chosen by where the tensors live. On the CPU (`_dry_host.py`) NumPy searches every
+row at once from the positions holding the window's last token, the only possible repeats, so the
+work follows the repeats present. Elsewhere (accelerators, `torch.compile`, `accelerator_route()`)
+the search is batched and sync-free: step 2 is a binary search on every position at once over
+polynomial hashes of the window's prefixes (64-bit wrapping arithmetic, about 10 passes over a
+`(rows, window)` tensor), step 3 one scatter into the scores; two different token strings of the
+window compare equal only under a 64-bit hash collision.
 
 >>> import torch
 >>> dry = DRYLogitsProcessor(1.0, base=1.1, allowed_length=2, sequence_breakers=[])
@@ -54,7 +57,6 @@ _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's bound on the exponent: base ** e stay
 _MASK64 = (1 << 64) - 1
 _BASE = 6364136223846793005  # odd: invertible modulo 2 ** 64
 _MIX = 0x9E3779B97F4A7C15  # spreads token ids over 64 bits
-_HOST_ROWS = 64  # CPU batches up to this many rows take the host path (benchmarks/samplers.py, --dry)
 
 
 class DRYLogitsProcessor(LogitsProcessor):
@@ -98,7 +100,7 @@ class DRYLogitsProcessor(LogitsProcessor):
             live = [w > a for w, a in zip(windows, settings.allowed)]
             if not any(live):
                 return scores
-        if rows <= _HOST_ROWS and host_path(input_ids, scores):
+        if host_path(input_ids, scores):  # on the CPU NumPy wins at every batch size (benchmarks/README.md)
             return self._on_host(input_ids, scores, settings, windows, live)
         width = max(w for w, on in zip(windows, live) if on)  # M
         device = scores.device
