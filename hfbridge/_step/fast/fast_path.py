@@ -23,7 +23,9 @@ is decided in one place, `top_p/route_table.py`. The processors it knows:
   (`_step/fast/top_p/draw_then_check.py`; candidates that a bound shows cannot hold the cut are not even tried).
   Scores that something reads (`fast_scores`, a later processor, an error message) get the cut
   from a sorted compaction or a radix select over the bits of the probabilities.
-- `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
+- `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw. After a top-k (or a
+  top-p after it) that left candidates, on those only when rounding cannot change a decision
+  (`_step/fast/min_p_candidates.py`): no pass over the vocabulary after the top-k.
 
 A single row on CPU (batch 1) finds the top-p cut in `_step/fast/one_row.py` instead, on NumPy views (torch's
 fixed cost per op would outweigh the data): a compaction of the tokens above a bound, or a
@@ -87,6 +89,7 @@ from transformers import (
 
 from hfbridge._step.cpu_shortcuts import cpu_shortcuts
 from hfbridge._step.fast.candidates import top_candidates
+from hfbridge._step.fast.min_p_candidates import min_p_among
 from hfbridge._step.fast.pending import Candidates, Mask
 from hfbridge._step.fast.state import FastState
 from hfbridge._step.fast.top_p.mask import top_p_mask
@@ -226,6 +229,8 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
         elif kind is TopPLogitsWarper:
             _top_p(state, processor, candidates, memo)
         elif kind is MinPLogitsWarper:
+            if candidates and _min_p_on_candidates(state, processor):
+                continue
             probs = torch.softmax(state.current(), dim=-1)  # bit for bit HF's probs
             # HF's comparison, negated (not `>=`): a NaN row keeps its NaN, as in HF
             keep = (probs < processor.min_p * probs.amax(dim=-1, keepdim=True)).logical_not_()
@@ -263,6 +268,19 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
     scores = state.divided()
     kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # [N, 1], as HF
     state.filtered(processor.filter_value, Mask((scores < kth).logical_not_()))  # HF's test: NaN stays
+
+
+def _min_p_on_candidates(state: FastState, processor: MinPLogitsWarper) -> bool:
+    """HF's min-p decided on the candidates a top-k (or top-p) left, when it can be: True if done."""
+    pending = state.pending
+    if (not isinstance(pending, Candidates) or state.filter_value != _NEG_INF
+            or processor.filter_value != _NEG_INF or processor.min_tokens_to_keep != 1):
+        return False
+    decided = min_p_among(pending, processor.min_p)
+    if decided is None:
+        return False
+    state.filtered(processor.filter_value, decided)
+    return True
 
 
 def _top_p(state: FastState, processor: TopPLogitsWarper, candidates: bool, memo: dict | None) -> None:
