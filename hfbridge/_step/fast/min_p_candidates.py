@@ -7,8 +7,8 @@ computed here on the candidates only, in float64 from HF's own float32 differenc
 the rounding HF's arithmetic adds (its exp, the division by the row's sum, the product with
 `min_p`: a few units in the last place) cannot change a decision farther than `_MARGIN` (relative)
 from `min_p`. A row with a candidate that close, or with NaN or `+inf` (whose HF softmax is all
-NaN), is not decided here: the caller then runs HF's arithmetic on the whole row. CPU eager only
-(one host read).
+NaN), or a `min_p` so small that HF's float32 threshold underflows, is not decided here: the
+caller then runs HF's arithmetic on the whole row. CPU eager only (one host read).
 
 >>> import torch
 >>> from hfbridge._step.fast.pending import Candidates
@@ -28,6 +28,7 @@ __all__ = ["min_p_among"]
 
 _NEG_INF = float("-inf")
 _MARGIN = 1e-5  # relative distance to min_p beyond which float32 rounding cannot flip a decision
+_SMALLEST = 1e-30  # min_p * max stays a normal float32 (max >= 1 / K) for up to 10**7 candidates
 
 
 def min_p_among(pending: Candidates, min_p: float) -> Candidates | None:
@@ -38,6 +39,8 @@ def min_p_among(pending: Candidates, min_p: float) -> Candidates | None:
         pending: Candidates left by top-k or top-p with `-inf` written over every other token.
         min_p: `MinPLogitsWarper.min_p`.
     """
+    if not min_p >= _SMALLEST:  # HF's threshold `min_p * max` would be subnormal or 0 in float32
+        return None
     cand = pending.cand.masked_fill(~pending.keep, _NEG_INF)  # [N, K]; removed: probability 0
     best = cand.amax(dim=-1, keepdim=True)  # [N, 1]
     ratio = (cand - best).double().exp_()  # [N, K]; HF's float32 difference, exp in float64
