@@ -103,6 +103,15 @@ class Rows:
             out.append(dict(zip(row["id"][:size].tolist(), row["logit"][:size].tolist())))
         return out
 
+    def dense(self) -> torch.Tensor:
+        """`[B, V]` float32: each row's candidates at their token ids, `-inf` for the tokens the chain removed."""
+        out = torch.full(self.data.shape, float("-inf"))  # [B, V]
+        for index, (row, struct) in enumerate(zip(self.data, self.structs)):
+            size = struct.size
+            ids = torch.from_numpy(row["id"][:size].astype(np.int64))
+            out[index, ids] = torch.from_numpy(row["logit"][:size].copy())
+        return out
+
     def selected(self) -> list[int]:
         return [int(row["id"][struct.selected]) for row, struct in zip(self.data, self.structs)]
 
@@ -116,7 +125,8 @@ def kept_of(scores: torch.Tensor) -> list[dict[int, float]]:
     return out
 
 
-def agree(ours: Sequence[dict[int, float]], theirs: Sequence[dict[int, float]], atol: float = 1e-4) -> tuple[bool, bool]:
+def agree(ours: Sequence[dict[int, float]], theirs: Sequence[dict[int, float]],
+          atol: float = 1e-4) -> tuple[bool, bool]:
     """(kept sets equal in every row, values equal within `atol` in every row)."""
     sets = all(a.keys() == b.keys() for a, b in zip(ours, theirs))
     values = sets and all(abs(a[k] - b[k]) <= atol for a, b in zip(ours, theirs) for k in a)
