@@ -90,11 +90,12 @@ from transformers import (
 from hfbridge._step.cpu_shortcuts import cpu_shortcuts
 from hfbridge._step.fast.candidates import top_candidates
 from hfbridge._step.fast.min_p_candidates import min_p_among
+from hfbridge._step.fast.one_row import one_row_top_k
 from hfbridge._step.fast.pending import Candidates, Mask
 from hfbridge._step.fast.state import FastState
 from hfbridge._step.fast.top_p.mask import top_p_mask
 from hfbridge._step.fast.top_p.route_table import top_p_plan
-from hfbridge._step.fast.weighted_draw import draw
+from hfbridge._step.fast.weighted_draw import draw, host_view
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge.processors._host import owned_scores
 
@@ -258,16 +259,26 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
         # The k best are all that survive unless the (k+1)-th ties with the k-th (HF keeps ties).
         # Dividing by a positive temperature keeps the order, so the candidates of the undivided
         # scores are HF's, and dividing just them gives HF's values bit for bit.
-        cand, ids = top_candidates(state.scores, k + 1)  # [N, k+1]
+        one_row = one_row_top_k(state.scores, k + 1) if state.scores.shape[0] == 1 else None  # NumPy views
+        cand, ids = top_candidates(state.scores, k + 1) if one_row is None else one_row  # [N, k+1]
         if state.temperature is not None:
             cand = cand / state.temperature
-        if bool((cand[:, k - 1] > cand[:, k]).all()):
+        if _strictly_above(cand, k):
             keep = torch.ones_like(ids[:, :k], dtype=torch.bool)
             state.filtered(processor.filter_value, Candidates(ids[:, :k], cand[:, :k], keep, all_kept=True))
             return
     scores = state.divided()
     kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # [N, 1], as HF
     state.filtered(processor.filter_value, Mask((scores < kth).logical_not_()))  # HF's test: NaN stays
+
+
+def _strictly_above(cand: torch.Tensor, k: int) -> bool:
+    """Whether every row's k-th candidate is above its (k+1)-th (then no tie crosses HF's threshold);
+    a single row is read on a NumPy view."""
+    if cand.shape[0] == 1:
+        row = host_view(cand)[0]
+        return bool(row[k - 1] > row[k])
+    return bool((cand[:, k - 1] > cand[:, k]).all())
 
 
 def _min_p_on_candidates(state: FastState, processor: MinPLogitsWarper) -> bool:

@@ -20,9 +20,11 @@ caller then runs HF's arithmetic on the whole row. CPU eager only (one host read
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from hfbridge._step.fast.pending import Candidates
+from hfbridge._step.fast.weighted_draw import host_view
 
 __all__ = ["min_p_among"]
 
@@ -41,6 +43,8 @@ def min_p_among(pending: Candidates, min_p: float) -> Candidates | None:
     """
     if not min_p >= _SMALLEST:  # HF's threshold `min_p * max` would be subnormal or 0 in float32
         return None
+    if pending.ids.shape[0] == 1:  # one row: NumPy on views, torch's per-op cost would dominate
+        return _one_row(pending, min_p)
     cand = pending.cand.masked_fill(~pending.keep, _NEG_INF)  # [N, K]; removed: probability 0
     best = cand.amax(dim=-1, keepdim=True)  # [N, 1]
     ratio = (cand - best).double().exp_()  # [N, K]; HF's float32 difference, exp in float64
@@ -49,3 +53,15 @@ def min_p_among(pending: Candidates, min_p: float) -> Candidates | None:
     if not bool((far | ~pending.keep).all()):
         return None
     return pending._replace(keep=pending.keep & (ratio >= min_p), all_kept=False)
+
+
+def _one_row(pending: Candidates, min_p: float) -> Candidates | None:
+    """`min_p_among` for a single row, the same arithmetic on NumPy views."""
+    keep = pending.keep.numpy()[0]  # [K] bool
+    cand = np.where(keep, host_view(pending.cand)[0], np.float32(_NEG_INF))  # [K] float32
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, undecided
+        ratio = np.exp((cand - cand.max()).astype(np.float64))  # [K]; HF's float32 difference
+        far = np.abs(ratio - min_p) > _MARGIN * min_p
+    if not (far | ~keep).all():
+        return None
+    return pending._replace(keep=torch.from_numpy(keep & (ratio >= min_p))[None], all_kept=False)
