@@ -97,11 +97,15 @@ from hfbridge._step.fast.top_p.mask import top_p_mask
 from hfbridge._step.fast.top_p.route_table import top_p_plan
 from hfbridge._step.fast.weighted_draw import draw, host_view
 from hfbridge._step.processor_list import check_processor_output
+from hfbridge.processors import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors._host import owned_scores
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
 
 _NEG_INF = float("-inf")
+# hfbridge's processors that return a new tensor whenever they change the scores (their out-of-place
+# scatter is a copy) and leave the scores they get untouched outside `owned_scores()`
+_COPYING = frozenset({PresenceFrequencyPenaltyLogitsProcessor})
 
 
 def fast_scores(input_ids: torch.Tensor | None, scores: torch.Tensor,
@@ -239,6 +243,13 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
                 k = min(processor.min_tokens_to_keep, probs.shape[-1])
                 keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
             state.filtered(processor.filter_value, Mask(keep, probs))
+        elif kind in _COPYING and not state.owned and state.pending is None and state.temperature is None:
+            # Borrowed scores go to it as they are: it leaves them untouched and returns its own
+            # tensor, which becomes the private copy (a copy made here first would be a second one).
+            lent = state.scores
+            output = processor(input_ids, lent)
+            state.scores = check_processor_output(processor, lent, output, index=index)
+            state.owned = output is not lent  # the borrowed tensor itself when it had nothing to do
         else:
             scores = state.materialize()  # a private tensor: the processor may write into it
             with owned_scores():
