@@ -4,6 +4,8 @@
 kernels that keep the tokens HF's keep; any other processor is called through HF unchanged, in its
 place. Known processors are matched by exact type (a subclass that overrides `__call__` goes
 through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) are read from them.
+The other processors get a private copy of the scores, which they may write into (`owned_scores()`);
+hfbridge's penalties, which return a new tensor anyway, get borrowed scores as they are.
 What a filter decides is kept pending in a `FastState` (`state.py`), as one tagged value
 (`pending.py`), and written into the scores only if something reads them. Which top-p route runs
 is decided in one place, `top_p/route_table.py`. The processors it knows:
