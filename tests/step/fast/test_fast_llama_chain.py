@@ -21,7 +21,9 @@ def inputs(rows, vocab, seed=0):
 
 @pytest.mark.parametrize("rows,vocab", [(1, 32000), (3, 5000), (1, 300)])
 @pytest.mark.parametrize("options", [CHAIN, dict(CHAIN, presence_penalty=0.0, frequency_penalty=0.0,
-                                                  repetition_penalty=1.0)], ids=["penalties", "penalties off"])
+                                                  repetition_penalty=1.0),
+                                     dict(CHAIN, sampler_order="penalties;dry;top_k;top_p;min_p;temperature")],
+                         ids=["penalties", "penalties off", "llama.cpp's order"])
 def test_final_scores_are_hfs_and_the_logits_stay(rows, vocab, options):
     logits, ids = inputs(rows, vocab)
     before = logits.clone(), ids.clone()
@@ -44,3 +46,24 @@ def test_each_row_draws_as_it_would_alone():
     for _ in range(20):
         tokens = together(logits, ids)
         assert tokens.tolist() == [int(alone[row](logits[row:row + 1], ids[row:row + 1])) for row in range(3)]
+
+
+def test_borrowed_scores_reach_only_the_penalties_class_itself():
+    from transformers import LogitsProcessorList, TopKLogitsWarper
+
+    from hfbridge.processors import PresenceFrequencyPenaltyLogitsProcessor
+
+    class InPlace(PresenceFrequencyPenaltyLogitsProcessor):  # a subclass may write: it gets a private copy
+        def __call__(self, input_ids, scores):
+            return scores.add_(1.0)
+
+    logits, ids = inputs(2, 3000, seed=2)
+    before = logits.clone()
+    for penalties in (PresenceFrequencyPenaltyLogitsProcessor(0.0, 0.0, 64),  # off: hands back what it got
+                      PresenceFrequencyPenaltyLogitsProcessor(0.5, 0.5, 64), InPlace(0.5, 0.5, 64)):
+        processors = LogitsProcessorList([penalties, TopKLogitsWarper(5)])
+        expected = processors(ids, logits.clone())
+        out = fast_draw(ids, logits, processors, torch.Generator().manual_seed(0), read_only=True)
+        assert torch.equal(logits, before)
+        assert torch.equal(out.final_scores(), expected)
+        assert torch.equal(logits, before)
