@@ -112,9 +112,6 @@ class Rows:
             out[index, ids] = torch.from_numpy(row["logit"][:size].copy())
         return out
 
-    def selected(self) -> list[int]:
-        return [int(row["id"][struct.selected]) for row, struct in zip(self.data, self.structs)]
-
 
 def kept_of(scores: torch.Tensor) -> list[dict[int, float]]:
     """The finite entries of processed scores `[B, V]`, per row: token id -> value."""
