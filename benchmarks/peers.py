@@ -87,9 +87,13 @@ def timed(call) -> float:
 
 
 def race(runs: dict, rounds: int) -> dict[str, float]:
+    """Medians of `rounds` rounds; the order rotates from round to round, so that no implementation always
+    runs first, right after the previous round's last one has filled the caches with its own data."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, (prepare, call) in runs.items():
+    names = list(runs)
+    for number in range(rounds):
+        for name in names[number % len(names):] + names[: number % len(names)]:
+            prepare, call = runs[name]
             argument = prepare()
             times[name].append(timed(lambda: call(argument)))
     return {name: statistics.median(values) for name, values in times.items()}
