@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from hfbridge._step.fast.top_p.floor_candidates import candidates_above, next_floor
-from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
+from hfbridge._step.fast.top_p.mask import TopP, removal_cut, survives, top_p_rows
 
 __all__ = ["TopPTry", "Total", "block_topk", "candidates_cannot_hold", "certified_total", "proved_last",
            "top_blocks", "top_candidates", "top_p_candidates", "top_p_count"]
@@ -181,7 +181,7 @@ def _sizes(vocab: int, last: int | None) -> list[int]:
     return [fit, sizes[-1]] if fit < sizes[-1] else sizes[-1:]
 
 
-def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
+def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least: int,
                      memo: dict | None = None, total: Total | None = None) -> TopPTry | None:
     """HF's top-p cut among the best-scoring candidates, and whether a check proves they hold it.
 
@@ -195,7 +195,8 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     Args:
         scores: `(batch, vocab)` float32 scores, temperature applied.
         probs: `(batch, vocab)` their softmax.
-        top_p, at_least: `TopPLogitsWarper`'s `top_p` and `min_tokens_to_keep`.
+        top_p, at_least: `TopPLogitsWarper`'s `top_p` (or `(batch, 1)` float64, one per row) and
+            `min_tokens_to_keep`.
         memo: A dict kept by the caller between steps, or None.
         total: `certified_total(probs)` when the caller has it. Default: computed here if needed.
 
@@ -241,7 +242,7 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
             return last_try._replace(proved=True)
         # A larger try can only succeed if its extra tokens, none above the k-th, could reach top_p.
         reach = picked.double().sum(dim=-1) + (_CANDIDATES[-1] - k) * picked[:, -1].double()
-        if k == vocab or not bool((reach > top_p).all()):
+        if k == vocab or not bool((reach[:, None] > top_p).all()):
             break
     memo["kept"] = None if last_try is None else _CANDIDATES[-1] + 1  # next step: skip the small try
     return last_try
@@ -253,7 +254,7 @@ def proved_last(memo: dict | None) -> bool:
     return last is not None and last <= _CANDIDATES[-1]
 
 
-def candidates_cannot_hold(total: Total, top_p: float, vocab: int) -> bool:
+def candidates_cannot_hold(total: Total, top_p: TopP, vocab: int) -> bool:
     """True when the largest candidate set `top_p_candidates` would try provably leaves some row's
     cut outside: trying it is wasted (whatever the memo says, as every smaller set fails then too).
 
@@ -271,7 +272,7 @@ def candidates_cannot_hold(total: Total, top_p: float, vocab: int) -> bool:
     k = max(k for k in _CANDIDATES if k == _CANDIDATES[0] or 8 * k <= vocab)
     if k >= vocab:
         return False
-    cut, _ = rounds_at_most(float32(1.0 - top_p))
+    cut, _ = removal_cut(top_p)  # one, or [N, 1]
     approx, slack, partial = total
     needed = approx - slack - cut - 1e-6  # [N, 1] float64; 1e-6: room for float64 rounding
     theta = (needed / (10 * k)).clamp_(min=0).float()  # [N, 1]
@@ -319,7 +320,7 @@ def certified_total(probs: torch.Tensor) -> Total:
     return Total(total, total * _SLACK + 1e-30, partial)
 
 
-def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, top_p: float,
+def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, top_p: TopP,
                       at_least: int) -> torch.Tensor:
     """`top_p_count` of the candidates `picked` with the mass below them taken from a certified
     total: the count at both ends of the total's interval, and the exact float64 total (summed as
@@ -332,22 +333,23 @@ def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, t
     if bool(open_.any()):
         rows = open_.nonzero().squeeze(1)
         exact = probs[rows].sum(dim=-1, keepdim=True, dtype=torch.float64)
-        low[rows] = top_p_count(picked[rows], (exact - mass[rows]).clamp_(min=0), top_p, at_least)
+        low[rows] = top_p_count(picked[rows], (exact - mass[rows]).clamp_(min=0), top_p_rows(top_p, rows), at_least)
     return low
 
 
-def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: float, at_least: int) -> torch.Tensor:
+def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: TopP, at_least: int) -> torch.Tensor:
     """`(batch, 1)` how many of the `probs` (in descending score order) HF's top-p keeps.
 
     HF's cumulative probability at position j is the mass at or below it: `rest` (float64, the
     tokens below every candidate) plus `probs[j:]`, summed from the smallest up as HF's ascending
     `cumsum` does, so that a tail of tiny probabilities keeps its precision. A position is kept if
-    that, rounded to float32, is `> 1 - top_p`; the first `at_least` always are.
+    that, rounded to float32, is `> 1 - top_p`; the first `at_least` always are. `top_p`: one, or
+    `(batch, 1)` float64, one per row.
 
     >>> top_p_count(torch.tensor([[0.5, 0.3, 0.2]]), torch.zeros(1, 1, dtype=torch.float64), 0.7, 1).tolist()
     [[2]]
     """
     cumulative = probs.double().flip(-1).cumsum(dim=-1).flip(-1) + rest  # [N, K]
-    cut, inclusive = rounds_at_most(float32(1.0 - top_p))
-    kept = (cumulative > cut if inclusive else cumulative >= cut).sum(dim=-1, keepdim=True)
+    cut, inclusive = removal_cut(top_p)
+    kept = survives(cumulative, cut, inclusive).sum(dim=-1, keepdim=True)
     return kept.clamp_(min=min(at_least, probs.shape[-1]))
