@@ -246,7 +246,8 @@ class RowPlan:
                        if kind != "shared" and part is not None)
         top_p_places = [place for place, (kind, held, _) in enumerate(positions)
                         if kind == "parts" and any(type(part).__name__ == "TopPLogitsWarper" for part in held)]
-        if device.type != "cpu" or stateful or not (top_p_places or any(kind == "temperature" for kind, _, _ in positions)):
+        temperatures = any(kind == "temperature" for kind, _, _ in positions)
+        if device.type != "cpu" or stateful or not (top_p_places or temperatures):
             return [(rows, index, self.group_tail(number, start), self.samples[rows[0]])
                     for number, ((_, rows), index) in enumerate(zip(self.groups, self.indices))]
         skip = {self.names.index(name) for name in ("temperature", "top_p") if name in self.names}

@@ -182,7 +182,7 @@ def _sizes(vocab: int, last: int | None) -> list[int]:
 
 
 def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least: int,
-                     memo: dict | None = None, total: Total | None = None) -> TopPTry | None:
+                     memo: dict | None = None, total: Total | None = None, *, partial: bool = False) -> TopPTry | None:
     """HF's top-p cut among the best-scoring candidates, and whether a check proves they hold it.
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
@@ -199,6 +199,9 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_
             `min_tokens_to_keep`.
         memo: A dict kept by the caller between steps, or None.
         total: `certified_total(probs)` when the caller has it. Default: computed here if needed.
+        partial: The caller draws with a check where the candidates do not hold the cut
+            (`draw_then_check.py`): the floor's candidates are enough when they hold the cut of
+            three rows in four (rows of distinct values, some keeping thousands of tokens).
 
     Returns:
         The last try (`TopPTry`): `proved` when the candidates hold the cut in every row. None
@@ -219,9 +222,13 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_
             kept = _count_with_total(probs, picked, total, top_p, at_least)
             # A padded row holds its cut only if no padding is kept: `decided` compares with -inf.
             floor_try = TopPTry(ids, cand, picked, kept, False, total)
-            if bool(floor_try.decided().all()):
+            decided = floor_try.decided()  # [N, 1]
+            if bool(decided.all()):
                 memo["kept"], memo["floor"] = int(kept.max()), next_floor(cand, kept)
                 return floor_try._replace(proved=True)
+            if partial and 4 * int(decided.sum()) >= 3 * decided.shape[0]:
+                memo["kept"], memo["floor"] = int(kept.max()), next_floor(cand, kept)
+                return floor_try
     last_try = None
     for k in _sizes(vocab, memo.get("kept")):
         k = min(k, vocab)
@@ -245,6 +252,8 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_
         if k == vocab or not bool((reach[:, None] > top_p).all()):
             break
     memo["kept"] = None if last_try is None else _CANDIDATES[-1] + 1  # next step: skip the small try
+    if partial and last_try is not None:  # next step: the floor under each row's count, most rows decided by it
+        memo["floor"] = next_floor(last_try.cand, last_try.kept)
     return last_try
 
 
@@ -254,9 +263,12 @@ def proved_last(memo: dict | None) -> bool:
     return last is not None and last <= _CANDIDATES[-1]
 
 
-def candidates_cannot_hold(total: Total, top_p: TopP, vocab: int) -> bool:
-    """True when the largest candidate set `top_p_candidates` would try provably leaves some row's
-    cut outside: trying it is wasted (whatever the memo says, as every smaller set fails then too).
+def candidates_cannot_hold(total: Total, top_p: TopP, vocab: int, share: float = 0.0) -> bool:
+    """True when the largest candidate set `top_p_candidates` would try provably leaves the cut of
+    more than `share` of the rows (default: of some row) outside: trying it is wasted for those rows
+    (whatever the memo says, as every smaller set fails then too). With a larger `share`, the
+    candidates are still tried when most rows may be decided by them (a batch of rows with distinct
+    values: the draw then checks the tokens of the other rows only).
 
     A row's cut lies among its best `k` tokens only if those hold more than `total - cut` (the
     tokens below them add up to at most the removed mass, `cut = 1 - top_p` in float32). They lie
@@ -280,7 +292,7 @@ def candidates_cannot_hold(total: Total, top_p: TopP, vocab: int) -> bool:
     # The exact partial sums exceed the float32 ones by at most `slack` in all, and each float32
     # difference `partial - theta` is below the exact one by at most a relative 2**-24.
     bound = excess * (1 + 2.0**-22) + slack + k * theta.double()  # [N, 1]
-    return bool((bound < needed).any())
+    return bool((bound < needed).sum() > share * bound.shape[0])
 
 
 _BLOCK = 16  # probabilities per float32 partial sum in `certified_total`

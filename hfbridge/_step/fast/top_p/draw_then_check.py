@@ -7,11 +7,12 @@ tokens HF keeps. `draw_top_p` draws from the whole softmax and accepts the token
 else draws that row again (rejection sampling: the accepted token has exactly the restricted
 distribution; about `1 / top_p` draws per row on average).
 
-Whether HF keeps a token: where candidates were tried (`TopPTry`), the best-scoring ones that
-surely survive are accepted at once, and where a row's candidates decide its cut, every other
-token is refused. Any other token is checked exactly (`kept_exactly`): HF's running sum at its
-place in the ascending order is the mass of the lower scores plus its own tie group, compared with
-`1 - top_p` as `top_p_count` does. The check runs on NumPy views of the row: a NumPy comparison
+Whether HF keeps a token: where candidates were tried (`TopPTry`), a row whose candidates decide
+its cut draws among its kept candidates, as the candidates' route does (a batch of rows with
+distinct top-p or temperatures, some keeping thousands of tokens and most a few hundred, checks
+the former only); the best-scoring candidates that surely survive are accepted at once. Any other
+token is checked exactly (`kept_exactly`): HF's running sum at its place in the ascending order is
+the mass of the lower scores plus its own tie group, compared with `1 - top_p` as `top_p_count` does. The check runs on NumPy views of the row: a NumPy comparison
 costs a tenth of torch's on CPU, so checking every draw costs about two reads of the logits in all.
 
 `top_p_route` chooses between the routes: candidates that prove the cut, or the draw (skipping
@@ -55,6 +56,9 @@ _MIN_TOP_P = 0.5  # below, rows draw again too often (about 1 / top_p draws per 
 _BLOCK = 16  # probabilities per float32 partial sum in `kept_exactly` (as in `certified_total`)
 _SLACK = 16 * 2.0**-24  # its relative error bound, with room for the float64 sum (`_step/fast/candidates.py`)
 _GROUP = 32  # partial sums per group in `_draw_by_partial_sums`
+# Candidates are skipped when they provably miss the cut of more than this share of the rows: below it,
+# the rows they decide draw with no check (one exact check over the row costs about what a try costs).
+_HOPELESS_SHARE = 0.25
 
 
 class TopPDraw(NamedTuple):
@@ -81,15 +85,16 @@ def top_p_route(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least
         A proved `TopPTry` (the candidates hold every row's cut); a `TopPDraw` when the draw can
         check its tokens (`top_p >= 0.5`, every row has a distribution, and `min_tokens_to_keep`
         is 1 or within the candidates that surely survive); else None: find the cut over the row.
-        Either way the tokens are those of trying every candidate size: the draw does not depend on
-        the candidates, which are skipped only where they provably fail.
+        Either way the tokens follow HF's distribution: candidates are skipped where they provably
+        fail for more than a quarter of the rows (one bound), and the rows they decide draw among them.
     """
     total = certified_total(probs)
     # The bound costs about half a read of the logits: tried when the last step's candidates failed.
     if (at_least == 1 and _drawable(top_p, at_least, total, None) and not proved_last(memo)
-            and candidates_cannot_hold(total, top_p, probs.shape[-1])):
+            and candidates_cannot_hold(total, top_p, probs.shape[-1], _HOPELESS_SHARE)):
         return TopPDraw(None, top_p, at_least, total)
-    tried = top_p_candidates(scores, probs, top_p, at_least, memo, total)
+    tried = top_p_candidates(scores, probs, top_p, at_least, memo, total,
+                             partial=at_least == 1 and _drawable(top_p, at_least, total, None))
     if tried is None or tried.proved:
         return tried
     if _drawable(top_p, at_least, total, tried):
@@ -138,9 +143,18 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
     scores_np, probs_np = scores.numpy(force=True), probs.numpy(force=True)  # views of CPU tensors
     work = (np.empty(vocab, bool), np.empty(vocab, np.float32))  # the checks' scratch rows
     refused_below = [-math.inf] * n  # per row, the highest score refused so far: every lower one is too
-    tokens = _draw_by_partial_sums(probs, total.partial, None, generator)  # [N]
     decided = None if tried is None else tried.decided().squeeze(1)  # [N] rows whose candidates hold the cut
     rows = torch.arange(n, device=probs.device)
+    if tried is not None and decided is not None and bool(decided.any()):
+        # Rows whose candidates hold the cut draw among their kept candidates, as a proved try draws;
+        # only the others draw from the whole softmax and check their token.
+        weights = (tried.cand - tried.cand[:, :1]).exp_().masked_fill_(~tried.keep(), 0.0)  # [N, K]
+        tokens = tried.ids.gather(1, pick(weights, generator)[0][:, None]).squeeze(1)  # [N]
+        rows = rows[~decided]
+        if rows.numel():
+            tokens[rows] = _draw_by_partial_sums(probs, total.partial, rows, generator)
+    else:
+        tokens = _draw_by_partial_sums(probs, total.partial, None, generator)  # [N]
     for _ in range(_ROUNDS):
         token = tokens[rows]  # [R]
         if tried is None or surely is None or decided is None:
