@@ -12,8 +12,9 @@ its cut draws among its kept candidates, as the candidates' route does (a batch 
 distinct top-p or temperatures, some keeping thousands of tokens and most a few hundred, checks
 the former only); the best-scoring candidates that surely survive are accepted at once. Any other
 token is checked exactly (`kept_exactly`): HF's running sum at its place in the ascending order is
-the mass of the lower scores plus its own tie group, compared with `1 - top_p` as `top_p_count` does. The check runs on NumPy views of the row: a NumPy comparison
-costs a tenth of torch's on CPU, so checking every draw costs about two reads of the logits in all.
+the mass of the lower scores plus its own tie group, compared with `1 - top_p` as `top_p_count` does.
+The check runs on NumPy views of the row: a NumPy comparison costs a tenth of torch's on CPU, so
+checking every draw costs about two reads of the logits in all.
 
 `top_p_route` chooses between the routes: candidates that prove the cut, or the draw (skipping
 the candidates when a bound from the partial sums shows that they cannot hold it), or neither.
