@@ -224,11 +224,12 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_
             floor_try = TopPTry(ids, cand, picked, kept, False, total)
             decided = floor_try.decided()  # [N, 1]
             if bool(decided.all()):
-                memo["kept"], memo["floor"] = int(kept.max()), next_floor(cand, kept)
+                memo["kept"], memo["floor"], memo["mostly"] = int(kept.max()), next_floor(cand, kept), True
                 return floor_try._replace(proved=True)
             if partial and 4 * int(decided.sum()) >= 3 * decided.shape[0]:
-                memo["kept"], memo["floor"] = int(kept.max()), next_floor(cand, kept)
+                memo["kept"], memo["floor"], memo["mostly"] = int(kept.max()), next_floor(cand, kept), True
                 return floor_try
+    memo.pop("mostly", None)
     last_try = None
     for k in _sizes(vocab, memo.get("kept")):
         k = min(k, vocab)
@@ -258,9 +259,10 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_
 
 
 def proved_last(memo: dict | None) -> bool:
-    """Whether the last step's candidates (`top_p_candidates` with this `memo`) held every row's cut."""
+    """Whether the last step's candidates (`top_p_candidates` with this `memo`) held every row's cut,
+    or the floor's candidates that of most rows (`partial`)."""
     last = None if memo is None else memo.get("kept")
-    return last is not None and last <= _CANDIDATES[-1]
+    return last is not None and (last <= _CANDIDATES[-1] or bool(memo and memo.get("mostly")))
 
 
 def candidates_cannot_hold(total: Total, top_p: TopP, vocab: int, share: float = 0.0) -> bool:
@@ -339,8 +341,10 @@ def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, t
     HF's cumsum accumulates) for the rows where the two differ."""
     approx, slack, _ = total
     mass = picked.double().sum(dim=-1, keepdim=True)  # [N, 1]
-    low = top_p_count(picked, (approx - slack - mass).clamp_(min=0), top_p, at_least)
-    high = top_p_count(picked, (approx + slack - mass).clamp_(min=0), top_p, at_least)
+    tail = _tail(picked)  # [N, K] the running sums, computed once for every count below
+    cut = removal_cut(top_p)
+    low = _count(tail, (approx - slack - mass).clamp_(min=0), cut, at_least)
+    high = _count(tail, (approx + slack - mass).clamp_(min=0), cut, at_least)
     open_ = (low != high).squeeze(1)  # [N] bool; the count grows with the mass below the candidates
     if bool(open_.any()):
         rows = open_.nonzero().squeeze(1)
@@ -361,7 +365,15 @@ def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: TopP, at_least: 
     >>> top_p_count(torch.tensor([[0.5, 0.3, 0.2]]), torch.zeros(1, 1, dtype=torch.float64), 0.7, 1).tolist()
     [[2]]
     """
-    cumulative = probs.double().flip(-1).cumsum(dim=-1).flip(-1) + rest  # [N, K]
-    cut, inclusive = removal_cut(top_p)
-    kept = survives(cumulative, cut, inclusive).sum(dim=-1, keepdim=True)
-    return kept.clamp_(min=min(at_least, probs.shape[-1]))
+    return _count(_tail(probs), rest, removal_cut(top_p), at_least)
+
+
+def _tail(probs: torch.Tensor) -> torch.Tensor:
+    """`(batch, K)` float64: the mass at or below each position, summed from the smallest up."""
+    return probs.double().flip(-1).cumsum(dim=-1).flip(-1)
+
+
+def _count(tail: torch.Tensor, rest: torch.Tensor, cut: tuple, at_least: int) -> torch.Tensor:
+    """`top_p_count` from `_tail`'s running sums and `removal_cut`'s `(cut, inclusive)`."""
+    kept = survives(tail + rest, *cut).sum(dim=-1, keepdim=True)  # [N, 1]
+    return kept.clamp_(min=min(at_least, tail.shape[-1]))
