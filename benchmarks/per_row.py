@@ -3,7 +3,7 @@
     python benchmarks/per_row.py               # exact and fast, 9 repeats
     python benchmarks/per_row.py --repeats 15
 
-Three `Sampler`s per mode, built once: `scalar` (temperature=0.8, top_p=0.9, top_k=0: HF's default
+The samplers, built once per mode: `scalar` (temperature=0.8, top_p=0.9, top_k=0: HF's default
 top_k=50 off, as in step.py's "temp+top-p"), `same` (the same values
 given per row, 32 equal ones: one group) and `distinct` (32 different values per row around
 them: 32 groups, HF's processors once per group, the temperature one division for the batch) and
