@@ -6,7 +6,8 @@
 The samplers, built once per mode: `scalar` (temperature=0.8, top_p=0.9, top_k=0: HF's default
 top_k=50 off, as in step.py's "temp+top-p"), `same` (the same values
 given per row, 32 equal ones: one group) and `distinct` (32 different values per row around
-them: 32 groups, HF's processors once per group, the temperature one division for the batch) and
+them: in exact mode 32 groups, HF's processors once per group, the temperature one division for the
+batch; in fast mode one draw with a `(32, 1)` temperature and a `(32, 1)` top-p),
 `temps` (32 distinct temperatures, top_p=0.9 in every row: one division, then one top-p for the batch),
 `close` (32 distinct temperatures within 0.0003 of 0.8: the per-row machinery alone, the same
 distributions), and `hottest` (scalars at the flattest row's values: a fast batch costs what its
@@ -14,7 +15,7 @@ flattest row costs, so spread-out values cost that much even without any per-row
 fast mode `loop` (32 scalar `Sampler`s, one per row with `distinct`'s values, each on its own row).
 Target: per-row values at most 15% over `scalar` in both modes, and `distinct` faster than `loop`.
 
-Method: one thread, each call timed with `time.thread_time()`; within a repeat the three samplers
+Method: one thread, each call timed with `time.thread_time()`; within a repeat the samplers
 run round-robin on the same logits; each number is the median of the repeats. Host reads per
 step are counted with tests/_host_reads.py's `HostReads` (they must not grow with per-row values).
 """
