@@ -137,13 +137,6 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
     # With at_least == 1 nothing needs the candidates: the best token's running sum is the total.
     if not _drawable(top_p, at_least, total, tried):
         return None
-    surely = None if tried is None else tried.surely_kept()  # [N, K]
-    cut, inclusive = removal_cut(top_p)
-    cuts = [cut] * n if isinstance(cut, float) else cut[:, 0].tolist()  # per row (CPU: no device read)
-    inclusives = [inclusive] * n if isinstance(inclusive, bool) else inclusive[:, 0].tolist()
-    scores_np, probs_np = scores.numpy(force=True), probs.numpy(force=True)  # views of CPU tensors
-    work = (np.empty(vocab, bool), np.empty(vocab, np.float32))  # the checks' scratch rows
-    refused_below = [-math.inf] * n  # per row, the highest score refused so far: every lower one is too
     decided = None if tried is None else tried.decided().squeeze(1)  # [N] rows whose candidates hold the cut
     rows = torch.arange(n, device=probs.device)
     if tried is not None and decided is not None and bool(decided.any()):
@@ -152,10 +145,18 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
         weights = (tried.cand - tried.cand[:, :1]).exp_().masked_fill_(~tried.keep(), 0.0)  # [N, K]
         tokens = tried.ids.gather(1, pick(weights, generator)[0][:, None]).squeeze(1)  # [N]
         rows = rows[~decided]
-        if rows.numel():
-            tokens[rows] = _draw_by_partial_sums(probs, total.partial, rows, generator)
+        if rows.numel() == 0:
+            return tokens, torch.ones(n, dtype=torch.bool, device=probs.device)
+        tokens[rows] = _draw_by_partial_sums(probs, total.partial, rows, generator)
     else:
         tokens = _draw_by_partial_sums(probs, total.partial, None, generator)  # [N]
+    surely = None if tried is None else tried.surely_kept()  # [N, K]
+    cut, inclusive = removal_cut(top_p)
+    cuts = [cut] * n if isinstance(cut, float) else cut[:, 0].tolist()  # per row (CPU: no device read)
+    inclusives = [inclusive] * n if isinstance(inclusive, bool) else inclusive[:, 0].tolist()
+    scores_np, probs_np = scores.numpy(force=True), probs.numpy(force=True)  # views of CPU tensors
+    work = (np.empty(vocab, bool), np.empty(vocab, np.float32))  # the checks' scratch rows
+    refused_below = [-math.inf] * n  # per row, the highest score refused so far: every lower one is too
     for _ in range(_ROUNDS):
         token = tokens[rows]  # [R]
         if tried is None or surely is None or decided is None:

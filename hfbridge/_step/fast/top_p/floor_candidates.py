@@ -49,19 +49,19 @@ def candidates_above(scores: torch.Tensor, floor: torch.Tensor) -> tuple[torch.T
     found = []
     crowded = 0
     for row, limit in zip(rows, limits):
-        above = row >= limit  # [V] bool
-        ids = np.flatnonzero(above)
+        ids = np.flatnonzero(row >= limit)  # [K] ascending
         if ids.size == 0 or ids.size == row.size:
             return None
+        # a token below the floor, for the padding: the first id missing from the ascending `ids`
+        gaps = np.flatnonzero(ids != np.arange(ids.size))
+        below = int(gaps[0]) if gaps.size else ids.size
         ids = _descending(row[ids], ids)
         if ids.size > _MAX_CANDIDATES:  # the best 2048: a token left out ties with the last at most
             crowded += 1
             if 2 * crowded > len(limits):
                 return None
-            ids = ids[:_MAX_CANDIDATES]
-            found.append((row[ids], ids, int(ids[-1])))  # padding: none (the width is 2048)
-            continue
-        found.append((row[ids], ids, int(np.argmin(above))))  # argmin: a token below the floor
+            ids = ids[:_MAX_CANDIDATES]  # the width is then 2048: no padding in this row
+        found.append((row[ids], ids, below))
     width = max(ids.size for _, ids, _ in found)
     cand = np.full((len(found), width), -np.inf, dtype=np.float32)
     index = np.empty((len(found), width), dtype=np.int64)
