@@ -59,7 +59,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hfbridge import Sampler
+from hfbridge import Sampler, accelerator_route
 from hfbridge.processors import (
     DRYLogitsProcessor,
     DynamicTemperatureLogitsWarper,
@@ -251,12 +251,35 @@ def dynatemp_cases(tgw: dict, rounds: int, llama: bool) -> list[str]:
     return lines
 
 
+def dry_path_cases(_tgw: dict | None, rounds: int, _llama: bool) -> list[str]:
+    """DRY's two paths on the same CPU inputs: NumPy (what a CPU runs) and the batched, sync-free torch
+    path (what an accelerator runs, forced here with `accelerator_route()`)."""
+    lines = ["| DRY paths: B | V | context | NumPy ms | batched torch ms | batched / NumPy | equal |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    for rows, vocab, length in [(1, 32000, 256), (1, 32000, 2048), (8, 50257, 256), (8, 50257, 2048),
+                                (32, 128256, 256), (32, 128256, 2048), (128, 32000, 256), (128, 32000, 2048)]:
+        generator = torch.Generator().manual_seed(rows * length)
+        scores = realistic(rows, vocab, generator)
+        ids = history(rows, length, vocab, generator)
+        dry = DRYLogitsProcessor(0.8, 1.75, 2, -1, sequence_breakers=[[13], [198]])
+
+        def batched(s, dry=dry, ids=ids):
+            with accelerator_route():
+                return dry(ids, s)
+        equal = bool(torch.equal(dry(ids, scores), batched(scores)))
+        median = race({"numpy": (lambda: scores.clone(), owned(lambda s, dry=dry, ids=ids: dry(ids, s))),
+                       "batched": (lambda: scores.clone(), owned(batched))}, rounds)
+        lines.append(f"| {rows} | {vocab} | {length} | {median['numpy'] * 1e3:.3f} | {median['batched'] * 1e3:.3f} "
+                     f"| {median['batched'] / median['numpy']:.1f} | {equal} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tgw", help="text-generation-webui's modules/sampler_hijack.py (without it: no TGW columns)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["dry", "penalties", "dynatemp", "chain"])
+    parser.add_argument("--only", choices=["dry", "dry-paths", "penalties", "dynatemp", "chain"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     rounds = 3 if args.quick else args.rounds
@@ -269,10 +292,11 @@ def main() -> None:
         print("no --tgw: text-generation-webui's columns are skipped\n")
     if llama is None:
         print("llama-cpp-python is not installed: llama.cpp's columns and the chain are skipped\n")
-    sections = (("dry", dry_cases, True), ("penalties", penalty_cases, True), ("dynatemp", dynatemp_cases, tgw),
+    sections = (("dry", dry_cases, tgw or llama), ("dry-paths", dry_path_cases, True),
+                ("penalties", penalty_cases, tgw or llama), ("dynatemp", dynatemp_cases, tgw),
                 ("chain", lambda _tgw, n, _llama: chain_cases(n), llama))
     for name, section, runs in sections:
-        if args.only in (None, name) and runs and (tgw or llama):
+        if args.only in (None, name) and runs:
             print("\n".join(section(tgw, rounds, llama is not None)) + "\n")
         elif args.only in (None, name) and name == "chain":
             print("the llama.cpp-style chain needs llama-cpp-python\n")
