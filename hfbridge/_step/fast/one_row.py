@@ -45,7 +45,7 @@ import torch
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
 from hfbridge._step.fast.weighted_draw import host_view
 
-__all__ = ["MAX_SORTED", "one_row_kept", "one_row_top_k", "one_row_top_p"]
+__all__ = ["MAX_SORTED", "one_row_count", "one_row_kept", "one_row_top_k", "one_row_top_p"]
 
 MAX_SORTED = 4096  # tokens sorted at most; a row with more at the cut goes to the general routes
 _EXPONENT_SHIFT = 23  # float32: 23 mantissa bits below the exponent field
@@ -197,6 +197,20 @@ def _dense_keep(scores: torch.Tensor, p: np.ndarray, bits: np.ndarray, in_binade
     if int(np.count_nonzero(keep)) < at_least:
         return None
     return torch.from_numpy(keep[None])
+
+
+def one_row_count(probs: torch.Tensor, top_p: float, at_least: int) -> int:
+    """`candidates.top_p_count` of one row with nothing below the candidates, on a NumPy view: how many of
+    the `(1, K)` float32 `probs` (in descending score order) HF's top-p keeps. The same float64 sums,
+    added in the same order (from the smallest up), and the same comparison: the same count.
+
+    >>> one_row_count(torch.tensor([[0.5, 0.3, 0.2]]), 0.7, 1)
+    2
+    """
+    tail = np.cumsum(host_view(probs)[0, ::-1], dtype=np.float64)[::-1]  # [K]: the mass at or below each
+    cut, inclusive = _removal_cut(top_p)
+    kept = int(np.count_nonzero(tail > cut if inclusive else tail >= cut))  # NaN: removed, as `survives`
+    return max(kept, min(at_least, tail.shape[0]))
 
 
 def _below(mass: np.ndarray, start: float) -> np.ndarray:

@@ -6,6 +6,8 @@ import doctest
 import pytest
 import torch
 from _zipf import zipf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_fast import CHI2_999, assert_same_filter, chi_square
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
@@ -195,3 +197,25 @@ def test_docstring_examples():
     for module in (_one_row, _draw):
         failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert tried >= 3 and failures == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(-30, 30, width=32), st.sampled_from([NEG_INF, 0.0, 1.0])),
+                       min_size=1, max_size=60),
+       top_p=st.one_of(st.floats(1e-6, 1.0), st.sampled_from([0.5, 0.9, 0.95, 1.0])), at_least=st.integers(1, 5))
+def test_one_row_count_equals_the_batched_count(values, top_p, at_least):
+    """After a top-k, one CPU row's top-p count on NumPy is the batched route's count, bit for bit."""
+    from hfbridge._step.fast.candidates import top_p_count
+
+    cand = torch.tensor(sorted(values, reverse=True), dtype=torch.float32)[None]  # [1, K], descending
+    probs = torch.softmax(cand, dim=-1)
+    batched = top_p_count(probs, torch.zeros(1, 1, dtype=torch.float64), top_p, at_least)
+    assert _one_row.one_row_count(probs, top_p, at_least) == int(batched)
+
+
+def test_one_row_count_after_top_k_keeps_hfs_set():
+    x = zipf(1, 32000, seed=11)
+    for top_k, top_p in ((40, 0.95), (40, 0.5), (3, 0.99), (200, 0.9)):
+        processors = LogitsProcessorList([hf.TemperatureLogitsWarper(0.8), hf.TopKLogitsWarper(top_k),
+                                          hf.TopPLogitsWarper(top_p), hf.MinPLogitsWarper(0.05)])
+        assert_same_filter(processors(None, x.clone()), fast_scores(None, x.clone(), processors))
