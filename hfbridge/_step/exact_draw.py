@@ -1,0 +1,108 @@
+"""HF's draw, `torch.multinomial(probs, 1)`, on CPU without an exponential per token: the same tokens, the same stream.
+
+On CPU, `torch.multinomial` with one sample picks, per row, the first index of the largest `p / q`
+with `q ~ Exp(1)` drawn for every token of the batch (`probs.shape` values, row after row), each
+`q` being `float(-log1p(-u))` with `u` the low 53 bits of one 64-bit draw of the generator,
+times `2 ** -53`. Making those `q` (a logarithm per token) is most of its cost. A token with
+`p = 0` has `p / q = 0` and never wins (the best token's ratio is above 0), so only the tokens
+with `p > 0` need their `q`: `draw_one` takes the same 64-bit draws with `random_` on an int64
+buffer (the generator ends where `torch.multinomial` leaves it), and computes `q` at those tokens
+only. Where `u = 0` (`q = 0`; `0 / 0` is NaN, which `argmax` would pick) for any token, or the
+probabilities are invalid, or the tokens with `p > 0` are too many to gain, it calls
+`torch.multinomial` itself (the generator put back first). The first call checks the shortcut
+against `torch.multinomial` on a small case and keeps `torch.multinomial` if they differ (another
+torch build may draw otherwise).
+
+>>> probs = torch.tensor([[0.0, 0.25, 0.75], [1.0, 0.0, 0.0]])
+>>> draw_one(probs, torch.Generator().manual_seed(0)).tolist() == torch.multinomial(
+...     probs, 1, generator=torch.Generator().manual_seed(0)).squeeze(1).tolist()
+True
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy
+import torch
+
+from hfbridge.processors._host import host_path
+
+__all__ = ["draw_one"]
+
+_LOW_53 = (1 << 53) - 1
+_DENSE = 4  # beyond 1 token in this many with p > 0, torch.multinomial (the logarithms are most of the work)
+_local = threading.local()  # per thread: the buffers of the last shape (no page faults on fresh memory)
+_agrees: bool | None = None  # whether this torch draws as the module says (checked once)
+
+
+def draw_one(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`(rows,)` the tokens `torch.multinomial(probs, 1, generator=generator)` draws; the generator ends as it would.
+
+    Args:
+        probs: `(rows, vocab)` probabilities (HF's softmax of the processed scores).
+        generator: The generator, or None for torch's default one.
+    """
+    if not _eligible(probs, generator) or not _shortcut_agrees():
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    tokens = _draw(probs, generator)
+    if tokens is None:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return tokens
+
+
+def _eligible(probs: torch.Tensor, generator: torch.Generator | None) -> bool:
+    return (probs.dtype == torch.float32 and probs.ndim == 2 and probs.is_contiguous() and probs.numel() > 0
+            and host_path(probs) and (generator is None or generator.device.type == "cpu"))
+
+
+def _buffers(rows: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This thread's `(rows * vocab,)` int64 and `(rows, vocab)` bool scratch, made once per shape."""
+    held = getattr(_local, "buffers", None)
+    if held is None or held[1].shape != (rows, vocab):
+        held = (torch.empty(rows * vocab, dtype=torch.int64), torch.empty(rows, vocab, dtype=torch.bool))
+        _local.buffers = held
+    return held
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+    """The tokens, or None where `torch.multinomial` must run itself (nothing drawn then)."""
+    rows, vocab = probs.shape  # [B, V]
+    low, high = torch.aminmax(probs)
+    if not (bool(high < torch.inf) and bool(low >= 0)) or bool((probs.sum(1) == 0).any()):
+        return None  # torch.multinomial raises its own error
+    raw, positive = _buffers(rows, vocab)
+    torch.gt(probs, 0.0, out=positive)
+    where = numpy.flatnonzero(positive.numpy())  # [K] flat indices, row after row
+    if where.size * _DENSE > probs.numel():
+        return None
+    source = torch.default_generator if generator is None else generator
+    state = source.get_state()
+    raw.random_(generator=source)  # one 64-bit draw per token, as the exponentials take them
+    words = raw.numpy().view(numpy.uint32)  # little-endian: the low half of draw i is word 2 i
+    if words[0::2].min() == 0 and bool(((raw & _LOW_53) == 0).any()):  # u = 0 somewhere: q = 0
+        source.set_state(state)
+        return None
+    at = torch.from_numpy(where)  # [K]
+    u = (raw[at] & _LOW_53).double() * 2.0**-53  # exact: an integer below 2^53 times a power of two
+    ratio = probs.view(-1)[at] / (-torch.log1p(-u)).float()  # [K] float32, as torch.multinomial divides
+    row = at // vocab  # [K] sorted
+    best = torch.full((rows,), -torch.inf).scatter_reduce_(0, row, ratio, "amax")  # [B]
+    first = torch.where(ratio == best[row], at, rows * vocab)  # the first index holding the row's best
+    picked = torch.full((rows,), rows * vocab, dtype=torch.long).scatter_reduce_(0, row, first, "amin")
+    return picked - torch.arange(rows) * vocab
+
+
+def _shortcut_agrees() -> bool:
+    """Once per process: does the shortcut give `torch.multinomial`'s tokens and generator state here?"""
+    global _agrees
+    if _agrees is None:
+        probs = torch.rand(6, 257, generator=torch.Generator().manual_seed(1))
+        probs = probs * (probs > 0.9)  # mostly zeros
+        probs[2] = 0.0
+        probs[2, 5] = 1.0
+        mine, theirs = torch.Generator().manual_seed(2), torch.Generator().manual_seed(2)
+        expected = torch.multinomial(probs, 1, generator=theirs).squeeze(1)
+        got = _draw(probs, mine)
+        _agrees = got is not None and torch.equal(got, expected) and torch.equal(mine.get_state(), theirs.get_state())
+    return _agrees
