@@ -18,20 +18,24 @@ False
 >>> with owned_scores():
 ...     scores_owned()
 True
+>>> scratch(torch.zeros(2, 3), "doc").shape
+torch.Size([2, 3])
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 
 import torch
 
-__all__ = ["device_only", "host_path", "owned_scores", "scores_owned"]
+__all__ = ["device_only", "host_path", "owned_scores", "scores_owned", "scratch"]
 
 _DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
 _OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
+_SCRATCH = threading.local()  # per thread: slot -> the last buffer made for it
 
 
 @contextlib.contextmanager
@@ -63,3 +67,22 @@ def host_path(*tensors: torch.Tensor) -> bool:
     """Whether every tensor is on the CPU, eager (not traced by `torch.compile`), outside `device_only()`."""
     return (not _DEVICE_ONLY.get() and not torch.compiler.is_compiling()
             and all(tensor.device.type == "cpu" for tensor in tensors))
+
+
+def scratch(like: torch.Tensor, slot: str) -> torch.Tensor:
+    """An uninitialised buffer shaped like `like`, for values that do not leave one processor call.
+
+    On the host path, this thread's buffer for `slot` (made again when the shape changes): on CPU a
+    fresh vocabulary-sized tensor costs about as much as three reads of the scores (page faults on new
+    memory), a reused one nothing. Elsewhere a fresh one (an accelerator's caching allocator reuses
+    memory already). Never return it, nor keep it past the call: the next call with that slot writes it.
+    """
+    if not host_path(like):
+        return torch.empty_like(like)
+    buffers = getattr(_SCRATCH, "buffers", None)
+    if buffers is None:
+        buffers = _SCRATCH.buffers = {}
+    held = buffers.get(slot)
+    if held is None or held.shape != like.shape or held.dtype != like.dtype:
+        held = buffers[slot] = torch.empty_like(like, memory_format=torch.contiguous_format)
+    return held

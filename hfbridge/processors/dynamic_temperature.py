@@ -26,11 +26,13 @@ tensor([[0.1000, 0.2000, 0.3000, 0.4000]])
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import host_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, finite_count
 
 __all__ = ["DynamicTemperatureLogitsWarper"]
@@ -56,6 +58,12 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         centre = self.temperature.tensor(rows, device, dtype)[:, None]  # [B, 1]
         spread = self.range.tensor(rows, device, dtype)[:, None]
         low, high = (centre - spread).clamp(min=0), centre + spread
+        positive = self.temperature.all(lambda t: t > 0) and all(
+            t - r > 0 for t, r in zip(self.temperature.for_rows(rows), self.range.for_rows(rows)))
+        if positive and rows and scores.shape[1] > 1 and dtype in (torch.float32, torch.float64) and host_path(scores):
+            out = self._on_host(scores, low, high, spread, centre)
+            if out is not None:
+                return out
         best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
         shifted = scores - best  # [B, V] <= 0, -inf stays -inf
         candidates = finite_count(shifted)  # [B, 1] float
@@ -69,13 +77,34 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         # most one candidate is left as it is (temperature 1)
         temperature = torch.where(spread > 0, dynamic, centre).masked_fill(candidates <= 1, 1.0)  # [B, 1]
         divided = scores / temperature.clamp(min=torch.finfo(dtype).tiny)
-        if self.temperature.all(lambda t: t > 0) and all(
-            t - r > 0 for t, r in zip(self.temperature.for_rows(rows), self.range.for_rows(rows))
-        ):
+        if positive:
             return divided  # T >= T_min > 0 in every row: no greedy row possible (known on the host)
         # T <= 0: llama.cpp's greedy temperature keeps the first best token only
         others = torch.ones_like(scores, dtype=torch.bool).scatter_(1, scores.argmax(-1, keepdim=True), False)
         return torch.where(temperature > 0, divided, scores.masked_fill(others, -torch.inf))
+
+    def _on_host(self, scores: torch.Tensor, low: torch.Tensor, high: torch.Tensor, spread: torch.Tensor,
+                 centre: torch.Tensor) -> torch.Tensor | None:
+        """Rows of finite scores only (None otherwise), every temperature > 0: the entropy from one softmax.
+
+        With `p = softmax(scores)`, `Z = sum(exp(scores - best))` and `max(p) = 1 / Z`:
+        `H = log Z - sum(p * (scores - best)) = best - log(max p) - sum(p * scores)`, so one softmax
+        (torch's fused kernel), two maxima and a dot product per row replace the shifted copy, the
+        exponentials and the count of the general path. The softmax's exponentials are torch's fast
+        ones (a few float32 ulps); `tests/processors/test_samplers_fused.py` bounds the difference.
+        """
+        rows, vocab = scores.shape  # [B, V]
+        best = scores.amax(-1, keepdim=True)  # [B, 1]
+        probs = torch.softmax(scores, -1, out=scratch(scores, "dynamic_temperature"))  # [B, V]
+        top = probs.amax(-1, keepdim=True)  # [B, 1] = 1 / Z
+        mean = torch.stack([torch.dot(probs[row], scores[row]) for row in range(rows)])[:, None]  # [B, 1]
+        if not bool(mean.isfinite().all()):  # -inf (0 * -inf), +inf or NaN in a row: a host read, free on CPU
+            return None
+        entropy = (best - top.log() - mean).clamp(min=0)  # >= 0; rounding could leave a one-token row below
+        normalised = entropy / math.log(vocab)  # every score a candidate
+        exponent = self.exponent.tensor(rows, scores.device, scores.dtype)[:, None]
+        temperature = torch.where(spread > 0, low + (high - low) * normalised.pow(exponent), centre)  # [B, 1]
+        return scores.div_(temperature) if scores_owned() else scores / temperature
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(temperature={self.temperature}, range={self.range}, "
