@@ -28,7 +28,7 @@ import torch
 
 from hfbridge.processors._host import host_path
 
-__all__ = ["draw_one"]
+__all__ = ["draw_one", "softmax"]
 
 _LOW_53 = (1 << 53) - 1
 _DENSE = 4  # beyond 1 token in this many with p > 0, torch.multinomial (the logarithms are most of the work)
@@ -36,19 +36,34 @@ _local = threading.local()  # per thread: the buffers of the last shape (no page
 _agrees: bool | None = None  # whether this torch draws as the module says (checked once)
 
 
-def draw_one(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_one(probs: torch.Tensor, generator: torch.Generator | None = None, *,
+             softmax_output: bool = False) -> torch.Tensor:
     """`(rows,)` the tokens `torch.multinomial(probs, 1, generator=generator)` draws; the generator ends as it would.
 
     Args:
         probs: `(rows, vocab)` probabilities (HF's softmax of the processed scores).
         generator: The generator, or None for torch's default one.
+        softmax_output: `probs` is a softmax's result (NaN is then its only invalid value: one check).
     """
     if not _eligible(probs, generator) or not _shortcut_agrees():
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    tokens = _draw(probs, generator)
+    tokens = _draw(probs, generator, softmax_output)
     if tokens is None:
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
     return tokens
+
+
+def softmax(scores: torch.Tensor) -> torch.Tensor:
+    """HF's `softmax(scores, dim=-1)`; on the host path written into this thread's buffer, for `draw_one` only.
+
+    The result is overwritten by the next call in this thread: draw from it, never keep it.
+    """
+    if scores.dtype != torch.float32 or scores.ndim != 2 or not host_path(scores):
+        return torch.nn.functional.softmax(scores, dim=-1)
+    held = getattr(_local, "probs", None)
+    if held is None or held.shape != scores.shape:
+        held = _local.probs = torch.empty(scores.shape, dtype=torch.float32)
+    return torch.softmax(scores, -1, out=held)
 
 
 def _eligible(probs: torch.Tensor, generator: torch.Generator | None) -> bool:
@@ -56,31 +71,35 @@ def _eligible(probs: torch.Tensor, generator: torch.Generator | None) -> bool:
             and host_path(probs) and (generator is None or generator.device.type == "cpu"))
 
 
-def _buffers(rows: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _buffers(rows: int, vocab: int) -> tuple[torch.Tensor, numpy.ndarray]:
     """This thread's `(rows * vocab,)` int64 and `(rows, vocab)` bool scratch, made once per shape."""
     held = getattr(_local, "buffers", None)
     if held is None or held[1].shape != (rows, vocab):
-        held = (torch.empty(rows * vocab, dtype=torch.int64), torch.empty(rows, vocab, dtype=torch.bool))
+        held = (torch.empty(rows * vocab, dtype=torch.int64), numpy.empty((rows, vocab), dtype=bool))
         _local.buffers = held
     return held
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+def _draw(probs: torch.Tensor, generator: torch.Generator | None, softmax_output: bool = False) -> torch.Tensor | None:
     """The tokens, or None where `torch.multinomial` must run itself (nothing drawn then)."""
     rows, vocab = probs.shape  # [B, V]
-    low, high = torch.aminmax(probs)
-    if not (bool(high < torch.inf) and bool(low >= 0)) or bool((probs.sum(1) == 0).any()):
-        return None  # torch.multinomial raises its own error
+    if softmax_output:  # values in [0, 1], each row's best above 0, unless NaN (a row of -inf, NaN or +inf)
+        if not bool(probs.sum(1).isfinite().all()):
+            return None
+    else:
+        low, high = torch.aminmax(probs)
+        if not (bool(high < torch.inf) and bool(low >= 0)) or bool((probs.sum(1) == 0).any()):
+            return None  # torch.multinomial raises its own error
     raw, positive = _buffers(rows, vocab)
-    torch.gt(probs, 0.0, out=positive)
-    where = numpy.flatnonzero(positive.numpy())  # [K] flat indices, row after row
+    numpy.greater(probs.numpy(), 0.0, out=positive)  # NumPy's comparison: about half of torch's time on CPU
+    where = numpy.flatnonzero(positive)  # [K] flat indices, row after row
     if where.size * _DENSE > probs.numel():
         return None
     source = torch.default_generator if generator is None else generator
     state = source.get_state()
     raw.random_(generator=source)  # one 64-bit draw per token, as the exponentials take them
     words = raw.numpy().view(numpy.uint32)  # little-endian: the low half of draw i is word 2 i
-    if words[0::2].min() == 0 and bool(((raw & _LOW_53) == 0).any()):  # u = 0 somewhere: q = 0
+    if numpy.count_nonzero(words) < words.size and bool(((raw & _LOW_53) == 0).any()):  # u = 0 somewhere: q = 0
         source.set_state(state)
         return None
     at = torch.from_numpy(where)  # [K]

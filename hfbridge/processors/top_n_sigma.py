@@ -66,9 +66,7 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         if self.min_tokens_to_keep > 1:
             kth = scores.topk(min(self.min_tokens_to_keep, vocab), dim=-1).values[:, -1:]
             floor = torch.minimum(floor, kth)
-        if self.filter_value == -torch.inf:
-            return scores + gate(scores, floor)
-        return scores.masked_fill(scores < floor, self.filter_value)
+        return self._cut(scores, floor)
 
     def _on_host(self, scores: torch.Tensor) -> torch.Tensor | None:
         """Rows without -inf, +inf or NaN (None otherwise): four passes and the cut, no mask.
@@ -90,7 +88,15 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         if self.min_tokens_to_keep > 1:
             kth = scores.topk(min(self.min_tokens_to_keep, vocab), dim=-1).values[:, -1:]
             floor = torch.minimum(floor, kth)
-        return cut_below(scores, floor, self.filter_value)
+        return self._cut(scores, floor)
+
+    def _cut(self, scores: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+        cut = cut_below(scores, floor, self.filter_value)  # one pass on the host path
+        if cut is not None:
+            return cut
+        if self.filter_value == -torch.inf:
+            return scores + gate(scores, floor)
+        return scores.masked_fill(scores < floor, self.filter_value)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, min_tokens_to_keep={self.min_tokens_to_keep})"
