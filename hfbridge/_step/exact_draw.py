@@ -98,8 +98,7 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None, softmax_output
     source = torch.default_generator if generator is None else generator
     state = source.get_state()
     raw.random_(generator=source)  # one 64-bit draw per token, as the exponentials take them
-    words = raw.numpy().view(numpy.uint32)  # little-endian: the low half of draw i is word 2 i
-    if numpy.count_nonzero(words) < words.size and bool(((raw & _LOW_53) == 0).any()):  # u = 0 somewhere: q = 0
+    if _some_draw_zero(raw):
         source.set_state(state)
         return None
     at = torch.from_numpy(where)  # [K]
@@ -110,6 +109,14 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None, softmax_output
     first = torch.where(ratio == best[row], at, rows * vocab)  # the first index holding the row's best
     picked = torch.full((rows,), rows * vocab, dtype=torch.long).scatter_reduce_(0, row, first, "amin")
     return picked - torch.arange(rows) * vocab
+
+
+def _some_draw_zero(raw: torch.Tensor) -> bool:
+    """Whether some draw's low 53 bits are all 0 (`u = 0`, `q = 0`): first a count of zero 32-bit words (one
+    fast pass; a draw with `u = 0` has one), then, when there is one (about one batch in 500 at 4M tokens),
+    the exact test."""
+    words = raw.numpy().view(numpy.uint32)
+    return numpy.count_nonzero(words) < words.size and bool(((raw & _LOW_53) == 0).any())
 
 
 def _shortcut_agrees() -> bool:

@@ -1,0 +1,162 @@
+"""The host paths of top-nσ, dynamic temperature and mirostat 2 (CPU: few fused passes, the cut by
+`torch.threshold` per row, in place on owned scores) against the plain references and the general path.
+
+The general path (`accelerator_route()`, what an accelerator runs) keeps its arithmetic; the host path
+sums in another order (top-nσ's squares by `vector_norm`) or takes the softmax's exponentials (dynamic
+temperature's entropy, mirostat's probabilities). Bounds, stated per test: kept sets equal to the
+references' for every token farther than 1e-4 from the cut; dynamic temperature's values within a
+relative 1e-5 of the general path's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import _samplers_reference as ref
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from transformers import LogitsProcessorList
+
+from hfbridge import accelerator_route
+from hfbridge.processors import DynamicTemperatureLogitsWarper, MirostatLogitsWarper, TopNSigmaLogitsWarper
+from hfbridge.processors._host import owned_scores
+
+WIDE = 2304  # at least the width where the cut runs per row (2048)
+
+
+def realistic(rows, vocab, seed, scale=1.0, offset=0.0):
+    generator = torch.Generator().manual_seed(seed)
+    rank = torch.arange(1, vocab + 1, dtype=torch.float64)
+    order = torch.argsort(torch.rand(rows, vocab, generator=generator), dim=-1)
+    values = (-1.1 * rank.log())[order] + 0.1 * torch.randn(rows, vocab, generator=generator, dtype=torch.float64)
+    return (values * scale + offset).float()  # [B, V]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.sampled_from([0.1, 0.5, 1.0, 2.0, 3.0]),
+       scale=st.sampled_from([0.3, 1.0, 4.0]), offset=st.sampled_from([0.0, -30.0, 25.0]))
+def test_top_n_sigma_host_path_matches_the_reference(seed, n, scale, offset):
+    scores = realistic(1, WIDE, seed, scale, offset)
+    values = scores[0].tolist()
+    expected, floor = ref.top_n_sigma(values, n)
+    assume(all(abs(v - floor) > 1e-4 * max(1.0, abs(floor)) for v in values))
+    assert TopNSigmaLogitsWarper(n)(None, scores)[0].tolist() == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**6), temperature=st.sampled_from([0.3, 0.8, 1.5]),
+       spread=st.sampled_from([0.0, 0.2, 0.5]), exponent=st.sampled_from([0.5, 1.0, 2.0]),
+       scale=st.sampled_from([0.3, 1.0, 4.0]))
+def test_dynamic_temperature_host_path_matches_the_general_path_and_the_reference(seed, temperature, spread,
+                                                                                 exponent, scale):
+    scores = realistic(2, WIDE, seed, scale)
+    warper = DynamicTemperatureLogitsWarper(temperature, spread, exponent)
+    got = warper(None, scores)
+    with accelerator_route():
+        general = warper(None, scores)
+    # the entropy from the softmax's exponentials and one dot product: the temperature within 1e-5
+    torch.testing.assert_close(got, general, rtol=1e-5, atol=0)
+    expected = ref.dynamic_temperature(scores[0].tolist(), temperature=temperature, spread=spread, exponent=exponent)
+    torch.testing.assert_close(got[0], torch.tensor(expected, dtype=torch.float32), rtol=1e-5, atol=0)
+
+
+def test_mirostat_host_path_keeps_the_reference_set_and_follows_mu():
+    tau, eta = [3.0, 5.0, 4.0], [0.1, 0.5, 0.3]
+    warper = MirostatLogitsWarper(tau, eta)
+    general = MirostatLogitsWarper(tau, eta)
+    ids = torch.tensor([[1], [2], [3]])
+    mus = [2 * t for t in tau]
+    for step in range(8):
+        scores = realistic(3, WIDE, step, scale=1.5)
+        out = warper(ids, scores)
+        with accelerator_route():
+            general_out = general(ids, scores)
+        torch.testing.assert_close(warper.mu, torch.tensor(mus), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(warper.mu, general.mu, rtol=1e-6, atol=1e-6)
+        chosen = []
+        for row in range(3):
+            kept, renormalised = ref.mirostat_keep(scores[row].tolist(), mus[row])
+            cut = 2.0 ** -mus[row]
+            near = {i for i, p in enumerate(ref.softmax(scores[row].tolist())) if abs(p / cut - 1) < 1e-4}
+            got = set(torch.isfinite(out[row]).nonzero().flatten().tolist())
+            assert got ^ set(kept) <= near and got == set(torch.isfinite(general_out[row]).nonzero().flatten().tolist())
+            assert out[row][list(got)].tolist() == scores[row][list(got)].tolist()  # kept scores untouched
+            token = kept[len(kept) // 2]
+            chosen.append(token)
+            mus[row] -= eta[row] * (-math.log2(renormalised[token]) - tau[row])
+        ids = torch.cat([ids, torch.tensor(chosen)[:, None]], dim=1)
+
+
+SAMPLERS = [
+    (TopNSigmaLogitsWarper, dict(n=[0.5, 1.0, 2.0, 1.5])),
+    (TopNSigmaLogitsWarper, dict(n=1.0, filter_value=-50.0, min_tokens_to_keep=5)),
+    (DynamicTemperatureLogitsWarper, dict(temperature=[0.5, 1.0, 1.5, 0.8], range=[0.0, 0.5, 1.0, 0.3],
+                                          exponent=[1.0, 2.0, 0.5, 1.0])),
+    (MirostatLogitsWarper, dict(tau=[1.0, 3.0, 5.0, 2.0], eta=[0.1, 0.2, 0.3, 0.4])),
+]
+IDS = ["top_n_sigma", "top_n_sigma_filter_value", "dynamic_temperature", "mirostat"]
+
+
+def row_alone(params, row):
+    return {name: value[row] if isinstance(value, list) else value for name, value in params.items()}
+
+
+def odd_rows(dtype=torch.float32):
+    scores = realistic(4, WIDE, 3).to(dtype)
+    scores[1, :100] = -torch.inf  # removed by an earlier processor: the general path
+    return scores
+
+
+@pytest.mark.parametrize("cls,params", SAMPLERS, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_called_by_transformers_the_input_stays_and_owned_scores_are_written_in_place(cls, params, dtype):
+    ids = torch.randint(0, WIDE, (4, 9))
+    for scores, host in ((realistic(4, WIDE, 1).to(dtype), True), (odd_rows(dtype), False)):
+        before = scores.clone()
+        out = LogitsProcessorList([cls(**params)])(ids, scores)
+        assert torch.equal(scores, before) and out is not scores
+        mine = scores.clone()
+        with owned_scores():
+            owned = cls(**params)(ids, mine)
+        assert torch.equal(owned, out)
+        if host or cls is not DynamicTemperatureLogitsWarper:  # the host path writes into owned scores
+            assert owned is mine
+
+
+@pytest.mark.parametrize("cls,params", SAMPLERS, ids=IDS)
+def test_rows_with_nan_inf_or_nothing_left_give_the_general_paths_answer(cls, params):
+    ids = torch.randint(0, WIDE, (4, 9))
+    scores = realistic(4, WIDE, 2)
+    scores[0, 5] = torch.nan
+    scores[1, 7] = torch.inf
+    scores[2] = -torch.inf
+    scores[3, ::3] = -torch.inf
+    got = cls(**params)(ids, scores)
+    with accelerator_route():
+        general = cls(**params)(ids, scores)
+    torch.testing.assert_close(got, general, rtol=1e-5, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("cls,params", SAMPLERS, ids=IDS)
+def test_per_row_values_equal_each_row_alone_on_the_host_path(cls, params):
+    ids = torch.randint(0, WIDE, (4, 9))
+    scores = odd_rows()
+    batched = cls(**params)(ids, scores)
+    for row in range(4):
+        alone = cls(**row_alone(params, row))(ids[row:row + 1], scores[row:row + 1])
+        torch.testing.assert_close(alone[0], batched[row])
+
+
+@pytest.mark.parametrize("cls,params", SAMPLERS, ids=IDS)
+@pytest.mark.parametrize("vocab", [2, 17, WIDE])
+def test_one_row_and_narrow_rows(cls, params, vocab):
+    ids = torch.zeros(4, 3, dtype=torch.long)
+    scores = realistic(4, vocab, 5)
+    got = cls(**params)(ids, scores)
+    with accelerator_route():
+        general = cls(**params)(ids, scores)
+    torch.testing.assert_close(got, general, rtol=1e-5, atol=0)
+    one = cls(**row_alone(params, 2))(ids[2:3], scores[2:3])
+    torch.testing.assert_close(one[0], got[2])
