@@ -83,6 +83,7 @@ def _buffers(rows: int, vocab: int) -> tuple[torch.Tensor, numpy.ndarray]:
 def _draw(probs: torch.Tensor, generator: torch.Generator | None, softmax_output: bool = False) -> torch.Tensor | None:
     """The tokens, or None where `torch.multinomial` must run itself (nothing drawn then)."""
     rows, vocab = probs.shape  # [B, V]
+    probs = probs.detach()  # the logits of a model called without no_grad carry a graph
     if softmax_output:  # values in [0, 1], each row's best above 0, unless NaN (a row of -inf, NaN or +inf)
         if not bool(probs.sum(1).isfinite().all()):
             return None

@@ -31,7 +31,7 @@ from contextvars import ContextVar
 
 import torch
 
-__all__ = ["device_only", "host_path", "owned_scores", "scores_owned", "scratch"]
+__all__ = ["device_only", "fused_path", "host_path", "owned_scores", "scores_owned", "scratch"]
 
 _DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
 _OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
@@ -67,6 +67,13 @@ def host_path(*tensors: torch.Tensor) -> bool:
     """Whether every tensor is on the CPU, eager (not traced by `torch.compile`), outside `device_only()`."""
     return (not _DEVICE_ONLY.get() and not torch.compiler.is_compiling()
             and all(tensor.device.type == "cpu" for tensor in tensors))
+
+
+def fused_path(scores: torch.Tensor) -> bool:
+    """Whether a sampler may take its fused host path on `scores`: `host_path`, float32 or float64 rows,
+    at least one row, no autograd graph (`out=` and in-place ops refuse tensors that require grad)."""
+    return (scores.ndim == 2 and scores.shape[0] > 0 and scores.dtype in (torch.float32, torch.float64)
+            and not scores.requires_grad and host_path(scores))
 
 
 def scratch(like: torch.Tensor, slot: str) -> torch.Tensor:

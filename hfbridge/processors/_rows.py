@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hfbridge.processors._host import host_path, scores_owned
+from hfbridge.processors._host import fused_path, host_path, scores_owned
 
 __all__ = ["RowParam", "cut_below", "described", "finite_count", "gate", "plain"]
 
@@ -112,17 +112,16 @@ _CUT_VOCAB = 2048  # narrower rows: the per-row loop's fixed cost beats the savi
 def cut_below(scores: torch.Tensor, floor: torch.Tensor, value: float = -torch.inf) -> torch.Tensor | None:
     """`scores` with each row's scores below `floor[row]` set to `value`; None where this path does not apply.
 
-    One pass over the scores on the host path (CPU, eager, float32 or float64, `floor` finite, rows of
-    at least 2,048): `torch.threshold` per row keeps `x > nextafter(floor, -inf)`, which for a value
-    of the scores' dtype is `x >= floor`, and writes into the scores themselves when they are owned
+    One pass over the scores on the host path (`fused_path`, `floor` finite, rows of at least 2,048):
+    `torch.threshold` per row keeps `x > nextafter(floor, -inf)`, which for a value of the scores'
+    dtype is `x >= floor`, and writes into the scores themselves when they are owned
     (`scores_owned()`), else into a fresh tensor. A NaN score stays NaN. Callers use `gate` otherwise.
 
     >>> scores = torch.tensor([[0.5, 1.0, 2.0] * 1000])
     >>> cut_below(scores, torch.tensor([[1.0]]))[0, :3].tolist()
     [-inf, 1.0, 2.0]
     """
-    if (scores.dtype not in (torch.float32, torch.float64) or scores.ndim != 2 or scores.shape[-1] < _CUT_VOCAB
-            or not host_path(scores, floor)):
+    if scores.ndim != 2 or scores.shape[-1] < _CUT_VOCAB or not fused_path(scores) or not host_path(floor):
         return None
     below = torch.nextafter(floor.to(scores.dtype), torch.tensor(-torch.inf, dtype=scores.dtype)).flatten()
     bounds = below.tolist()  # a host read: free on CPU

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import host_path, scores_owned, scratch
+from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, finite_count
 
 __all__ = ["DynamicTemperatureLogitsWarper"]
@@ -60,7 +60,7 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         low, high = (centre - spread).clamp(min=0), centre + spread
         positive = self.temperature.all(lambda t: t > 0) and all(
             t - r > 0 for t, r in zip(self.temperature.for_rows(rows), self.range.for_rows(rows)))
-        if positive and rows and scores.shape[1] > 1 and dtype in (torch.float32, torch.float64) and host_path(scores):
+        if positive and scores.shape[1] > 1 and fused_path(scores):
             out = self._on_host(scores, low, high, spread, centre)
             if out is not None:
                 return out

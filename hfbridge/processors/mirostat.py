@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import host_path, scores_owned, scratch
+from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, gate
 
 __all__ = ["MirostatLogitsWarper"]
@@ -109,7 +109,7 @@ class MirostatLogitsWarper(LogitsProcessor):
         tau = self.tau.tensor(rows, device, dtype)
         mu = self._next_mu(input_ids, tau, scores)  # [B]
         kept = None
-        if rows and scores.shape[1] > 1 and dtype in (torch.float32, torch.float64) and host_path(scores):
+        if scores.shape[1] > 1 and fused_path(scores):
             kept = self._on_host(scores, mu)
         if kept is None:
             best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays

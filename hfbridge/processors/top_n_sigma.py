@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import host_path, scratch
+from hfbridge.processors._host import fused_path, scratch
 from hfbridge.processors._rows import RowParam, cut_below, described, finite_count, gate
 
 __all__ = ["TopNSigmaLogitsWarper"]
@@ -52,7 +52,7 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows, vocab = scores.shape  # [B, V]
-        if rows and host_path(scores) and scores.dtype in (torch.float32, torch.float64):
+        if fused_path(scores):
             out = self._on_host(scores)
             if out is not None:
                 return out

@@ -1,11 +1,12 @@
-"""The host paths of top-nσ, dynamic temperature and mirostat 2 (CPU: few fused passes, the cut by
+"""The host paths of top-nσ, dynamic temperature, mirostat 2 and adaptive-p (CPU: few fused passes, the cut by
 `torch.threshold` per row, in place on owned scores) against the plain references and the general path.
 
 The general path (`accelerator_route()`, what an accelerator runs) keeps its arithmetic; the host path
 sums in another order (top-nσ's squares by `vector_norm`) or takes the softmax's exponentials (dynamic
-temperature's entropy, mirostat's probabilities). Bounds, stated per test: kept sets equal to the
+temperature's entropy, mirostat's probabilities) or another formula (adaptive-p's transform as
+`5 - (10 / w) e^2 / (w + e)`). Bounds, stated per test: kept sets equal to the
 references' for every token farther than 1e-4 from the cut; dynamic temperature's values within a
-relative 1e-5 of the general path's.
+relative 1e-5 of the general path's; the other values within 1e-5.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from hypothesis import strategies as st
 from transformers import LogitsProcessorList
 
 from hfbridge import accelerator_route
-from hfbridge.processors import DynamicTemperatureLogitsWarper, MirostatLogitsWarper, TopNSigmaLogitsWarper
+from hfbridge.processors import (
+    AdaptivePLogitsWarper,
+    DynamicTemperatureLogitsWarper,
+    MirostatLogitsWarper,
+    TopNSigmaLogitsWarper,
+)
 from hfbridge.processors._host import owned_scores
 
 WIDE = 2304  # at least the width where the cut runs per row (2048)
@@ -95,8 +101,9 @@ SAMPLERS = [
     (DynamicTemperatureLogitsWarper, dict(temperature=[0.5, 1.0, 1.5, 0.8], range=[0.0, 0.5, 1.0, 0.3],
                                           exponent=[1.0, 2.0, 0.5, 1.0])),
     (MirostatLogitsWarper, dict(tau=[1.0, 3.0, 5.0, 2.0], eta=[0.1, 0.2, 0.3, 0.4])),
+    (AdaptivePLogitsWarper, dict(target=[0.1, 0.3, 0.5, 0.9], decay=[0.9, 0.5, 0.0, 0.99])),
 ]
-IDS = ["top_n_sigma", "top_n_sigma_filter_value", "dynamic_temperature", "mirostat"]
+IDS = ["top_n_sigma", "top_n_sigma_filter_value", "dynamic_temperature", "mirostat", "adaptive_p"]
 
 
 def row_alone(params, row):
@@ -121,7 +128,7 @@ def test_called_by_transformers_the_input_stays_and_owned_scores_are_written_in_
         with owned_scores():
             owned = cls(**params)(ids, mine)
         assert torch.equal(owned, out)
-        if host or cls is not DynamicTemperatureLogitsWarper:  # the host path writes into owned scores
+        if host or cls in (TopNSigmaLogitsWarper, MirostatLogitsWarper):  # the host path writes into owned scores
             assert owned is mine
 
 
@@ -157,6 +164,30 @@ def test_one_row_and_narrow_rows(cls, params, vocab):
     got = cls(**params)(ids, scores)
     with accelerator_route():
         general = cls(**params)(ids, scores)
-    torch.testing.assert_close(got, general, rtol=1e-5, atol=0)
+    torch.testing.assert_close(got, general, rtol=1e-5, atol=1e-5)
     one = cls(**row_alone(params, 2))(ids[2:3], scores[2:3])
     torch.testing.assert_close(one[0], got[2])
+
+
+def test_adaptive_p_host_path_follows_the_general_path_over_steps():
+    params = dict(target=[0.1, 0.3, 0.6], decay=[0.9, 0.5, 0.99])
+    host, general = AdaptivePLogitsWarper(**params), AdaptivePLogitsWarper(**params)
+    ids = torch.tensor([[1], [2], [3]])
+    for step in range(6):
+        scores = realistic(3, WIDE, 10 + step, scale=0.5)
+        got = host(ids, scores)
+        with accelerator_route():
+            expected = general(ids, scores)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(host.state, general.state, rtol=1e-6, atol=1e-6)
+        ids = torch.cat([ids, got.argmax(-1, keepdim=True)], dim=1)
+
+
+@pytest.mark.parametrize("cls,params", SAMPLERS, ids=IDS)
+def test_scores_that_carry_a_graph_take_the_general_path(cls, params):
+    ids = torch.randint(0, WIDE, (4, 9))
+    scores = realistic(4, WIDE, 6).requires_grad_()
+    got = cls(**params)(ids, scores)
+    with accelerator_route():
+        general = cls(**params)(ids, scores)
+    assert torch.equal(got, general)

@@ -102,3 +102,8 @@ def test_a_draw_whose_low_53_bits_are_zero_is_found():
     assert _some_draw_zero(raw)
     raw[17] = 1 << 32  # a zero low word only: u > 0
     assert not _some_draw_zero(raw)
+
+
+def test_probabilities_that_carry_a_graph():
+    probs = sparse(2, 3000, 0.01, False, 4).requires_grad_()
+    assert_same_draw(probs, 5)
