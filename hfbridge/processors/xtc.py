@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["XTCLogitsWarper"]
@@ -73,10 +74,13 @@ class XTCLogitsWarper(LogitsProcessor):
         applies = coin < self.probability.tensor(rows, device)  # [B]
         top = min(vocab, self._top + self.min_tokens_to_keep - 1)
         values, ids = _top(scores, top)  # [B, K], descending
-        best = values[:, :1]  # [B, 1]
-        shifted = scores - best
-        total = shifted.exp_().sum(-1, keepdim=True)  # [B, 1]: softmax's normaliser, as llama.cpp sums it
-        probs = (values - best).exp() / total  # [B, K]
+        if fused_path(scores):  # torch's fused softmax into a scratch buffer, read at the K best only
+            probs = torch.softmax(scores, -1, out=scratch(scores, "xtc")).gather(1, ids)  # [B, K]
+        else:
+            best = values[:, :1]  # [B, 1]
+            shifted = scores - best
+            total = shifted.exp_().sum(-1, keepdim=True)  # [B, 1]: softmax's normaliser, as llama.cpp sums it
+            probs = (values - best).exp() / total  # [B, K]
         above = probs >= self.threshold.tensor(rows, device, scores.dtype)[:, None]  # a prefix of the K
         count = above.sum(-1)  # [B]
         # the least likely above the threshold stays: ties with it keep the highest token id
@@ -92,7 +96,8 @@ class XTCLogitsWarper(LogitsProcessor):
         else:
             enough = torch.ones_like(applies)
         remove &= (applies & (count >= 2) & enough)[:, None]
-        return scores.scatter(1, ids, torch.where(remove, torch.full_like(values, self.filter_value), values))
+        replaced = torch.where(remove, torch.full_like(values, self.filter_value), values)  # [B, K]
+        return scores.scatter_(1, ids, replaced) if scores_owned() else scores.scatter(1, ids, replaced)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(threshold={self.threshold}, probability={self.probability}, "

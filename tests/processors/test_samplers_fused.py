@@ -1,9 +1,9 @@
-"""The host paths of top-nσ, dynamic temperature, mirostat 2 and adaptive-p (CPU: few fused passes, the cut by
+"""The host paths of top-nσ, dynamic temperature, mirostat 2, adaptive-p and XTC, and smoothing's fused form (CPU: few fused passes, the cut by
 `torch.threshold` per row, in place on owned scores) against the plain references and the general path.
 
 The general path (`accelerator_route()`, what an accelerator runs) keeps its arithmetic; the host path
 sums in another order (top-nσ's squares by `vector_norm`) or takes the softmax's exponentials (dynamic
-temperature's entropy, mirostat's probabilities) or another formula (adaptive-p's transform as
+temperature's entropy, mirostat's and XTC's probabilities) or another formula (adaptive-p's transform as
 `5 - (10 / w) e^2 / (w + e)`). Bounds, stated per test: kept sets equal to the
 references' for every token farther than 1e-4 from the cut; dynamic temperature's values within a
 relative 1e-5 of the general path's; the other values within 1e-5.
@@ -25,7 +25,9 @@ from hfbridge.processors import (
     AdaptivePLogitsWarper,
     DynamicTemperatureLogitsWarper,
     MirostatLogitsWarper,
+    SmoothingLogitsWarper,
     TopNSigmaLogitsWarper,
+    XTCLogitsWarper,
 )
 from hfbridge.processors._host import owned_scores
 
@@ -102,8 +104,10 @@ SAMPLERS = [
                                           exponent=[1.0, 2.0, 0.5, 1.0])),
     (MirostatLogitsWarper, dict(tau=[1.0, 3.0, 5.0, 2.0], eta=[0.1, 0.2, 0.3, 0.4])),
     (AdaptivePLogitsWarper, dict(target=[0.1, 0.3, 0.5, 0.9], decay=[0.9, 0.5, 0.0, 0.99])),
+    (XTCLogitsWarper, dict(threshold=[0.05, 0.1, 0.2, 0.01], probability=1.0, min_tokens_to_keep=2)),
+    (SmoothingLogitsWarper, dict(factor=[0.3, 0.1, 1.0, 0.5], curve=[2.0, 3.0, 1.5, 4.0])),
 ]
-IDS = ["top_n_sigma", "top_n_sigma_filter_value", "dynamic_temperature", "mirostat", "adaptive_p"]
+IDS = ["top_n_sigma", "top_n_sigma_filter_value", "dynamic_temperature", "mirostat", "adaptive_p", "xtc", "smoothing"]
 
 
 def row_alone(params, row):
@@ -128,7 +132,7 @@ def test_called_by_transformers_the_input_stays_and_owned_scores_are_written_in_
         with owned_scores():
             owned = cls(**params)(ids, mine)
         assert torch.equal(owned, out)
-        if host or cls in (TopNSigmaLogitsWarper, MirostatLogitsWarper):  # the host path writes into owned scores
+        if host or cls in (TopNSigmaLogitsWarper, MirostatLogitsWarper, XTCLogitsWarper, SmoothingLogitsWarper):  # the host path writes into owned scores
             assert owned is mine
 
 
@@ -191,3 +195,19 @@ def test_scores_that_carry_a_graph_take_the_general_path(cls, params):
     with accelerator_route():
         general = cls(**params)(ids, scores)
     assert torch.equal(got, general)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**6), factor=st.sampled_from([0.05, 0.3, 2.0]), curve=st.sampled_from([1.5, 2.0, 4.0]),
+       scale=st.sampled_from([0.5, 3.0, 10.0]))
+def test_smoothing_fused_multiply_adds_stay_within_two_roundings_of_the_exact_value(seed, factor, curve, scale):
+    # d^2 (s f d - k f) + best by two addcmul calls: each rounds once where the separate products rounded
+    # twice; against the float64 value the error stays under 4 float32 ulps of the terms' size
+    scores = realistic(2, 300, seed, scale, offset=3.0)
+    got = SmoothingLogitsWarper(factor, curve)(None, scores).double()
+    x = scores.double()
+    best = x.amax(-1, keepdim=True)
+    d = x - best
+    term = d.square() * ((curve - 1) / 2 * factor * d - (3 - curve) / 2 * factor)
+    bound = 4 * torch.finfo(torch.float32).eps * (best.abs() + term.abs() + d.abs())
+    assert bool(((got - (term + best)).abs() <= bound).all())
