@@ -55,15 +55,15 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows = scores.shape[0]  # [B, V]
         device, dtype = scores.device, scores.dtype
-        centre = self.temperature.tensor(rows, device, dtype)[:, None]  # [B, 1]
-        spread = self.range.tensor(rows, device, dtype)[:, None]
-        low, high = (centre - spread).clamp(min=0), centre + spread
         positive = self.temperature.all(lambda t: t > 0) and all(
             t - r > 0 for t, r in zip(self.temperature.for_rows(rows), self.range.for_rows(rows)))
         if positive and scores.shape[1] > 1 and fused_path(scores):
-            out = self._on_host(scores, low, high, spread, centre)
+            out = self._on_host(scores)
             if out is not None:
                 return out
+        centre = self.temperature.tensor(rows, device, dtype)[:, None]  # [B, 1]
+        spread = self.range.tensor(rows, device, dtype)[:, None]
+        low, high = (centre - spread).clamp(min=0), centre + spread
         best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
         shifted = scores - best  # [B, V] <= 0, -inf stays -inf
         candidates = finite_count(shifted)  # [B, 1] float
@@ -83,27 +83,37 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         others = torch.ones_like(scores, dtype=torch.bool).scatter_(1, scores.argmax(-1, keepdim=True), False)
         return torch.where(temperature > 0, divided, scores.masked_fill(others, -torch.inf))
 
-    def _on_host(self, scores: torch.Tensor, low: torch.Tensor, high: torch.Tensor, spread: torch.Tensor,
-                 centre: torch.Tensor) -> torch.Tensor | None:
+    def _on_host(self, scores: torch.Tensor) -> torch.Tensor | None:
         """Rows of finite scores only (None otherwise), every temperature > 0: the entropy from one softmax.
 
         With `p = softmax(scores)`, `Z = sum(exp(scores - best))` and `max(p) = 1 / Z`:
         `H = log Z - sum(p * (scores - best)) = best - log(max p) - sum(p * scores)`, so one softmax
         (torch's fused kernel), two maxima and a dot product per row replace the shifted copy, the
-        exponentials and the count of the general path. The softmax's exponentials are torch's fast
-        ones (a few float32 ulps); `tests/processors/test_samplers_fused.py` bounds the difference.
+        exponentials and the count of the general path; the temperature per row from those three
+        numbers on the host (in float64: a few small ops fewer, which is most of the cost at B=1). The
+        softmax's exponentials are torch's fast ones (a few float32 ulps); `tests/processors/test_samplers_fused.py`
+        bounds the difference.
         """
         rows, vocab = scores.shape  # [B, V]
-        best = scores.amax(-1, keepdim=True)  # [B, 1]
+        best = scores.amax(-1)  # [B]
         probs = torch.softmax(scores, -1, out=scratch(scores, "dynamic_temperature"))  # [B, V]
-        top = probs.amax(-1, keepdim=True)  # [B, 1] = 1 / Z
-        mean = torch.stack([torch.dot(probs[row], scores[row]) for row in range(rows)])[:, None]  # [B, 1]
-        if not bool(mean.isfinite().all()):  # -inf (0 * -inf), +inf or NaN in a row: a host read, free on CPU
+        top = probs.amax(-1)  # [B] = 1 / Z
+        means = [float(torch.dot(probs[row], scores[row])) for row in range(rows)]  # host reads: free on CPU
+        if not all(math.isfinite(mean) for mean in means):  # -inf (0 * -inf), +inf or NaN in a row
             return None
-        entropy = (best - top.log() - mean).clamp(min=0)  # >= 0; rounding could leave a one-token row below
-        normalised = entropy / math.log(vocab)  # every score a candidate
-        exponent = self.exponent.tensor(rows, scores.device, scores.dtype)[:, None]
-        temperature = torch.where(spread > 0, low + (high - low) * normalised.pow(exponent), centre)  # [B, 1]
+        temperatures = []
+        for b, t, mean, centre, spread, exponent in zip(best.tolist(), top.tolist(), means,
+                                                        self.temperature.for_rows(rows), self.range.for_rows(rows),
+                                                        self.exponent.for_rows(rows)):
+            if spread > 0:
+                low, high = max(centre - spread, 0.0), centre + spread
+                normalised = max(b - math.log(t) - mean, 0.0) / math.log(vocab)  # H >= 0; every score a candidate
+                temperatures.append(low + (high - low) * normalised**exponent)
+            else:
+                temperatures.append(centre)
+        if rows == 1:
+            return scores.div_(temperatures[0]) if scores_owned() else scores / temperatures[0]
+        temperature = torch.tensor(temperatures, dtype=scores.dtype)[:, None]  # [B, 1]
         return scores.div_(temperature) if scores_owned() else scores / temperature
 
     def __repr__(self) -> str:
