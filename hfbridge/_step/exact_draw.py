@@ -117,7 +117,7 @@ def _some_draw_zero(raw: torch.Tensor) -> bool:
     fast pass; a draw with `u = 0` has one), then, when there is one (about one batch in 500 at 4M tokens),
     the exact test."""
     words = raw.numpy().view(numpy.uint32)
-    return numpy.count_nonzero(words) < words.size and bool(((raw & _LOW_53) == 0).any())
+    return bool(numpy.count_nonzero(words) < words.size) and bool(((raw & _LOW_53) == 0).any())
 
 
 def _shortcut_agrees() -> bool:
