@@ -18,7 +18,7 @@ False
 >>> with owned_scores():
 ...     scores_owned()
 True
->>> scratch(torch.zeros(2, 3), "doc").shape
+>>> scratch(torch.zeros(2, 3)).shape
 torch.Size([2, 3])
 """
 
@@ -35,7 +35,7 @@ __all__ = ["device_only", "fused_path", "host_path", "owned_scores", "scores_own
 
 _DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
 _OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
-_SCRATCH = threading.local()  # per thread: slot -> the last buffer made for it
+_SCRATCH = threading.local()  # per thread: the last scratch buffer made
 
 
 @contextlib.contextmanager
@@ -76,20 +76,18 @@ def fused_path(scores: torch.Tensor) -> bool:
             and not scores.requires_grad and host_path(scores))
 
 
-def scratch(like: torch.Tensor, slot: str) -> torch.Tensor:
+def scratch(like: torch.Tensor) -> torch.Tensor:
     """An uninitialised buffer shaped like `like`, for values that do not leave one processor call.
 
-    On the host path, this thread's buffer for `slot` (made again when the shape changes): on CPU a
-    fresh vocabulary-sized tensor costs about as much as three reads of the scores (page faults on new
-    memory), a reused one nothing. Elsewhere a fresh one (an accelerator's caching allocator reuses
-    memory already). Never return it, nor keep it past the call: the next call with that slot writes it.
+    On the host path, this thread's one scratch buffer (made again when the shape or dtype changes):
+    on CPU a fresh vocabulary-sized tensor costs about as much as three reads of the scores (page
+    faults on new memory), a reused one nothing. Elsewhere a fresh one (an accelerator's caching
+    allocator reuses memory already). Every processor shares it: never return it, nor keep it past
+    the call, nor call another processor while holding it.
     """
     if not host_path(like):
         return torch.empty_like(like)
-    buffers = getattr(_SCRATCH, "buffers", None)
-    if buffers is None:
-        buffers = _SCRATCH.buffers = {}
-    held = buffers.get(slot)
+    held = getattr(_SCRATCH, "buffer", None)
     if held is None or held.shape != like.shape or held.dtype != like.dtype:
-        held = buffers[slot] = torch.empty_like(like, memory_format=torch.contiguous_format)
+        held = _SCRATCH.buffer = torch.empty_like(like, memory_format=torch.contiguous_format)
     return held

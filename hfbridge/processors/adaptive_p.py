@@ -22,7 +22,8 @@ llama.cpp clamps the decay into [0, 0.99], this class refuses values outside. ll
 sampler at the very end of the chain, where it replaces the final draw; so do hfbridge's options.
 
 One state per row, following rows by their tokens (`_row_history.py`): it works in hfbridge's loops,
-which call `reset` / `reorder` / `rollback`, and in transformers' own `generate`. Sync-free.
+which call `reset` / `reorder` / `rollback`, and in transformers' own `generate`. Sync-free on an
+accelerator; on CPU a host path of fused passes (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> warper = AdaptivePLogitsWarper(target=0.3, decay=0.9)
@@ -133,7 +134,7 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         if buffer is None or buffer.shape != scores.shape or buffer.dtype != scores.dtype:
             buffer = self._buffer = torch.empty_like(scores, memory_format=torch.contiguous_format)
         p = torch.softmax(scores, -1, out=buffer)  # [B, V], read at the next call
-        diff = torch.sub(p, adapted, out=scratch(scores, "adaptive_p"))  # [B, V] p - a
+        diff = torch.sub(p, adapted, out=scratch(scores))  # [B, V] p - a
         out = scores if scores_owned() else torch.empty_like(scores, memory_format=torch.contiguous_format)
         spread = torch.abs(diff, out=out).add_(_WIDTH)  # |p - a| + w, in the result's memory
         peak = torch.tensor(_PEAK, dtype=scores.dtype)

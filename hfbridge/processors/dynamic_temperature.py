@@ -16,7 +16,8 @@ Reference: llama.cpp `src/llama-sampler.cpp`, `llama_sampler_temp_ext_apply`; `c
 `dynatemp_high` instead of a centre and a range, and normalises by `log` of the whole vocabulary.
 hfbridge uses it in place of `temperature` when `dynatemp_range > 0`.
 
-Batched and sync-free: softmax, entropy and the division, all per row on the device.
+Batched and sync-free: softmax, entropy and the division, all per row on the device; on CPU a host path
+takes the entropy from one fused softmax (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> scores = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log()
@@ -96,7 +97,7 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         """
         rows, vocab = scores.shape  # [B, V]
         best = scores.amax(-1)  # [B]
-        probs = torch.softmax(scores, -1, out=scratch(scores, "dynamic_temperature"))  # [B, V]
+        probs = torch.softmax(scores, -1, out=scratch(scores))  # [B, V]
         top = probs.amax(-1)  # [B] = 1 / Z
         means = [float(torch.dot(probs[row], scores[row])) for row in range(rows)]  # host reads: free on CPU
         if not all(math.isfinite(mean) for mean in means):  # -inf (0 * -inf), +inf or NaN in a row

@@ -24,7 +24,8 @@ most likely token alone exceeds `mu`, llama.cpp keeps exactly one token; so does
 the best score is unique, and keeps all tokens tied with it otherwise. Mirostat 1 (which estimates a
 Zipf exponent and keeps a top-k) is not provided.
 
-Batched and sync-free: the state is a `(rows,)` tensor on the scores' device.
+Batched and sync-free: the state is a `(rows,)` tensor on the scores' device; on CPU a host path cuts
+from one fused softmax with `torch.threshold` per row (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> warper = MirostatLogitsWarper(tau=1.0, eta=0.5)          # mu starts at 2 bits: keep p >= 0.25
@@ -145,7 +146,7 @@ class MirostatLogitsWarper(LogitsProcessor):
         below = torch.nextafter(floor, torch.tensor(-torch.inf, dtype=floor.dtype)).flatten().tolist()
         if not all(bound < torch.inf for bound in below):  # NaN (a row with NaN or +inf): the general path
             return None
-        removal = scratch(scores, "mirostat")  # [B, V]
+        removal = scratch(scores)  # [B, V]
         for row, bound in enumerate(below):  # p > bound  <=>  p >= floor
             torch.threshold(probs[row], bound, -torch.inf, out=removal[row])
             torch.threshold_(probs[row], bound, 0.0)

@@ -24,8 +24,10 @@ keeps one token for NaN and every candidate for a `k` beyond them.
 
 Defaults (llama.cpp `common/common.h`, `common/sampling.cpp`): `mirostat_tau = 5.0`,
 `mirostat_eta = 0.1`, `m = 100`. One state per row, following rows by their tokens
-(`_row_history.py`); sync-free and sort-free: a `topk` of `m` for the estimate, and each row's k-th
-best score by a radix select over the scores' bits (llama.cpp sorts the row).
+(`_row_history.py`); sync-free and sort-free: the best `m` for the estimate (block maxima, then
+`topk`), and each row's k-th best score by a radix select over the scores' bits (llama.cpp sorts
+the row). On CPU a host path reads the k-th from the best scores listed (for `k` up to 4,096) and
+cuts each row with `torch.threshold` (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> warper = MirostatV1LogitsWarper(tau=1.0, eta=0.1)          # mu = 2 tau = 2

@@ -71,7 +71,7 @@ class SmoothingLogitsWarper(LogitsProcessor):
             if scores.requires_grad:  # out= refuses a graph
                 smoothed = (d * cubic - quadratic).mul_(d.square_()).add_(best)
             else:
-                slope = scratch(scores, "smoothing") if fused_path(scores) else torch.empty_like(d)
+                slope = scratch(scores) if fused_path(scores) else torch.empty_like(d)
                 torch.addcmul(-quadratic, d, cubic, out=slope)  # [B, V] s f d - k f
                 smoothed = torch.addcmul(best, d.square_(), slope, out=d)  # d^2 (s f d - k f) + best
             if any(c == 1.0 for c in curves):  # rows with s = 0 turn -inf into NaN (0 * inf)

@@ -25,7 +25,8 @@ whose `input_ids` hold generated tokens (a `sample_step` in a hand-written loop)
 
 One state per row, following rows by their tokens (`_row_history.py`): it works in hfbridge's loops,
 which call `reset` / `reorder` / `rollback`, and in transformers' own `generate` (sampling, beams,
-assisted decoding), which calls none of them. Sync-free. Greedy or sampling alike: it is not a warper.
+assisted decoding), which calls none of them. Sync-free on an accelerator; on CPU, while no row is
+forced, the scores come back as they came. Greedy or sampling alike: it is not a warper.
 
 >>> import torch
 >>> budget = ThinkingBudgetLogitsProcessor(2, start_ids=[7], end_ids=[8, 9])

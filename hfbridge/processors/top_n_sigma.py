@@ -13,7 +13,8 @@ llama.cpp `n <= 0` means "off"; here `n` must be > 0 (pass no option for off). t
 computes the deviation over every score (`-inf` included, which gives NaN) and applies it after
 temperature, as here.
 
-Batched and sync-free: a handful of passes over the scores, no sort, no host read.
+Batched and sync-free: a handful of passes over the scores, no sort, no host read on an accelerator; on
+CPU a host path of four passes and a cut per row (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> scores = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log()
@@ -77,7 +78,7 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         """
         rows, vocab = scores.shape  # [B, V]
         best = scores.amax(-1, keepdim=True)  # [B, 1]
-        shifted = torch.sub(scores, best, out=scratch(scores, "top_n_sigma"))  # [B, V] <= 0
+        shifted = torch.sub(scores, best, out=scratch(scores))  # [B, V] <= 0
         total = shifted.sum(-1, keepdim=True)  # [B, 1]; not finite where a row holds -inf, +inf or NaN
         if not bool(total.isfinite().all()):  # a host read: free on CPU
             return None

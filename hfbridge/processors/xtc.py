@@ -75,7 +75,7 @@ class XTCLogitsWarper(LogitsProcessor):
         top = min(vocab, self._top + self.min_tokens_to_keep - 1)
         values, ids = best_k(scores, top)  # [B, K], descending
         if fused_path(scores):  # torch's fused softmax into a scratch buffer, read at the K best only
-            probs = torch.softmax(scores, -1, out=scratch(scores, "xtc")).gather(1, ids)  # [B, K]
+            probs = torch.softmax(scores, -1, out=scratch(scores)).gather(1, ids)  # [B, K]
         else:
             best = values[:, :1]  # [B, 1]
             shifted = scores - best
