@@ -1,4 +1,5 @@
-"""The host paths of top-nσ, dynamic temperature, mirostat 2, adaptive-p and XTC, and smoothing's fused form (CPU: few fused passes, the cut by
+"""The host paths of top-nσ, dynamic temperature, mirostat 2, adaptive-p, XTC and the penalties, and smoothing's
+fused form (CPU: few fused passes, the cut by
 `torch.threshold` per row, in place on owned scores) against the plain references and the general path.
 
 The general path (`accelerator_route()`, what an accelerator runs) keeps its arithmetic; the host path
@@ -25,6 +26,7 @@ from hfbridge.processors import (
     AdaptivePLogitsWarper,
     DynamicTemperatureLogitsWarper,
     MirostatLogitsWarper,
+    PresenceFrequencyPenaltyLogitsProcessor,
     SmoothingLogitsWarper,
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
@@ -106,8 +108,13 @@ SAMPLERS = [
     (AdaptivePLogitsWarper, dict(target=[0.1, 0.3, 0.5, 0.9], decay=[0.9, 0.5, 0.0, 0.99])),
     (XTCLogitsWarper, dict(threshold=[0.05, 0.1, 0.2, 0.01], probability=1.0, min_tokens_to_keep=2)),
     (SmoothingLogitsWarper, dict(factor=[0.3, 0.1, 1.0, 0.5], curve=[2.0, 3.0, 1.5, 4.0])),
+    (PresenceFrequencyPenaltyLogitsProcessor, dict(presence_penalty=[0.0, 0.5, 1.0, 0.2], frequency_penalty=[
+        1.0, 0.0, 0.2, 0.3], penalty_last_n=[-1, 3, 0, 5], repetition_penalty=[1.0, 1.2, 2.0, 1.1])),
 ]
-IDS = ["top_n_sigma", "top_n_sigma_filter_value", "dynamic_temperature", "mirostat", "adaptive_p", "xtc", "smoothing"]
+IDS = ["top_n_sigma", "top_n_sigma_filter_value", "dynamic_temperature", "mirostat", "adaptive_p", "xtc", "smoothing",
+       "penalties"]
+IN_PLACE = (TopNSigmaLogitsWarper, MirostatLogitsWarper, XTCLogitsWarper, SmoothingLogitsWarper,
+            PresenceFrequencyPenaltyLogitsProcessor)  # write into owned scores on either path
 
 
 def row_alone(params, row):
@@ -132,7 +139,7 @@ def test_called_by_transformers_the_input_stays_and_owned_scores_are_written_in_
         with owned_scores():
             owned = cls(**params)(ids, mine)
         assert torch.equal(owned, out)
-        if host or cls in (TopNSigmaLogitsWarper, MirostatLogitsWarper, XTCLogitsWarper, SmoothingLogitsWarper):  # the host path writes into owned scores
+        if host or cls in IN_PLACE:  # the host path writes into owned scores
             assert owned is mine
 
 
@@ -211,3 +218,18 @@ def test_smoothing_fused_multiply_adds_stay_within_two_roundings_of_the_exact_va
     term = d.square() * ((curve - 1) / 2 * factor * d - (3 - curve) / 2 * factor)
     bound = 4 * torch.finfo(torch.float32).eps * (best.abs() + term.abs() + d.abs())
     assert bool(((got - (term + best)).abs() <= bound).all())
+
+
+def test_the_penalties_counting_buffer_stays_zero_between_calls():
+    params = dict(presence_penalty=0.5, frequency_penalty=0.25, penalty_last_n=-1, repetition_penalty=1.3)
+    host = PresenceFrequencyPenaltyLogitsProcessor(**params)
+    scores = realistic(2, WIDE, 8)
+    for length in (5, 40, 3):  # other windows each call: no count of an earlier call may remain
+        ids = torch.randint(0, 50, (2, length))
+        with accelerator_route():
+            expected = PresenceFrequencyPenaltyLogitsProcessor(**params)(ids, scores)
+        assert torch.equal(host(ids, scores), expected)
+        assert not bool(host._zeros.any())
+    with pytest.raises((IndexError, RuntimeError)):
+        host(torch.tensor([[1, WIDE + 5], [2, 3]]), scores)  # an id outside the vocabulary
+    assert torch.equal(host(ids, scores), expected)  # a fresh buffer after the error
