@@ -85,36 +85,41 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         return torch.where(temperature > 0, divided, scores.masked_fill(others, -torch.inf))
 
     def _on_host(self, scores: torch.Tensor) -> torch.Tensor | None:
-        """Rows of finite scores only (None otherwise), every temperature > 0: the entropy from one softmax.
+        """Every row's best finite (None otherwise), every temperature > 0: the entropy from one softmax.
 
         With `p = softmax(scores)`, `Z = sum(exp(scores - best))` and `max(p) = 1 / Z`:
         `H = log Z - sum(p * (scores - best)) = best - log(max p) - sum(p * scores)`, so one softmax
         (torch's fused kernel), two maxima and a dot product per row replace the shifted copy, the
-        exponentials and the count of the general path; the temperature per row from those three
-        numbers on the host (in float64: a few small ops fewer, which is most of the cost at B=1). The
-        softmax's exponentials are torch's fast ones (a few float32 ulps); `tests/processors/test_samplers_fused.py`
+        exponentials and the count of the general path; the temperature per row from those numbers
+        on the host (in float64: a few small ops fewer, which is most of the cost at B=1). A row with
+        scores at -inf (p = 0 there) takes its dot product over its finite scores only (in order) and
+        counts them, so a row equals itself with -inf columns appended, bit for bit. The softmax's
+        exponentials are torch's fast ones (a few float32 ulps); `tests/processors/test_samplers_fused.py`
         bounds the difference.
         """
         rows, vocab = scores.shape  # [B, V]
-        best = scores.amax(-1)  # [B]
-        probs = torch.softmax(scores, -1, out=scratch(scores))  # [B, V]
-        top = probs.amax(-1)  # [B] = 1 / Z
-        means = [float(torch.dot(probs[row], scores[row])) for row in range(rows)]  # host reads: free on CPU
-        if not all(math.isfinite(mean) for mean in means):  # -inf (0 * -inf), +inf or NaN in a row
+        best = scores.amax(-1).tolist()  # host reads: free on CPU
+        if not all(math.isfinite(b) for b in best):  # NaN, +inf or nothing left: the general path
             return None
+        probs = torch.softmax(scores, -1, out=scratch(scores))  # [B, V]
+        top = probs.amax(-1).tolist()  # 1 / Z per row
         temperatures = []
-        for b, t, mean, centre, spread, exponent in zip(best.tolist(), top.tolist(), means,
-                                                        self.temperature.for_rows(rows), self.range.for_rows(rows),
-                                                        self.exponent.for_rows(rows)):
-            if spread > 0:
+        for row, (b, t, centre, spread, exponent) in enumerate(zip(
+                best, top, self.temperature.for_rows(rows), self.range.for_rows(rows), self.exponent.for_rows(rows))):
+            mean, count = float(torch.dot(probs[row], scores[row])), vocab
+            if not math.isfinite(mean):  # 0 * -inf: scores removed before; they add nothing and are no candidates
+                finite = scores[row] > -torch.inf  # [V]
+                kept = scores[row][finite]  # [n] in order: the same dot product as the row without them
+                mean, count = float(torch.dot(probs[row][finite], kept)), kept.numel()
+            if count <= 1:
+                temperatures.append(1.0)  # at most one candidate: left as it is
+            elif spread > 0:
                 low, high = max(centre - spread, 0.0), centre + spread
-                normalised = max(b - math.log(t) - mean, 0.0) / math.log(vocab)  # H >= 0; every score a candidate
+                normalised = max(b - math.log(t) - mean, 0.0) / math.log(count)  # H >= 0
                 temperatures.append(low + (high - low) * normalised**exponent)
             else:
                 temperatures.append(centre)
-        if rows == 1:
-            return scores.div_(temperatures[0]) if scores_owned() else scores / temperatures[0]
-        temperature = torch.tensor(temperatures, dtype=scores.dtype)[:, None]  # [B, 1]
+        temperature = torch.tensor(temperatures, dtype=scores.dtype)[:, None]  # [B, 1] (a row alone divides alike)
         return scores.div_(temperature) if scores_owned() else scores / temperature
 
     def __repr__(self) -> str:

@@ -233,3 +233,13 @@ def test_the_penalties_counting_buffer_stays_zero_between_calls():
     with pytest.raises((IndexError, RuntimeError)):
         host(torch.tensor([[1, WIDE + 5], [2, 3]]), scores)  # an id outside the vocabulary
     assert torch.equal(host(ids, scores), expected)  # a fresh buffer after the error
+
+
+@pytest.mark.parametrize("vocab", [40, 1000, WIDE])
+def test_dynamic_temperature_row_equals_itself_with_removed_columns_appended(vocab):
+    # vLLM's batches pad rows with a -inf column: the host path must not tell the difference, bit for bit
+    scores = realistic(6, vocab, 9) * 3
+    scores[2, 5] = -torch.inf
+    padded = torch.cat([scores, torch.full((6, 3), -torch.inf)], dim=1)
+    warper = DynamicTemperatureLogitsWarper(0.9, 0.5)
+    assert torch.equal(warper(None, padded)[:, :vocab], warper(None, scores))
