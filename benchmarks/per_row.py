@@ -3,17 +3,19 @@
     python benchmarks/per_row.py               # exact and fast, 9 repeats
     python benchmarks/per_row.py --repeats 15
 
-Three `Sampler`s per mode, built once: `scalar` (temperature=0.8, top_p=0.9, top_k=0: HF's default
+The samplers, built once per mode: `scalar` (temperature=0.8, top_p=0.9, top_k=0: HF's default
 top_k=50 off, as in step.py's "temp+top-p"), `same` (the same values
 given per row, 32 equal ones: one group) and `distinct` (32 different values per row around
-them: 32 groups, HF's processors once per group, the temperature one division for the batch) and
+them: in exact mode 32 groups, HF's processors once per group, the temperature one division for the
+batch; in fast mode one draw with a `(32, 1)` temperature and a `(32, 1)` top-p),
 `temps` (32 distinct temperatures, top_p=0.9 in every row: one division, then one top-p for the batch),
 `close` (32 distinct temperatures within 0.0003 of 0.8: the per-row machinery alone, the same
 distributions), and `hottest` (scalars at the flattest row's values: a fast batch costs what its
-flattest row costs, so spread-out values cost that much even without any per-row machinery).
-Target: per-row values at most 15% over `scalar` in both modes.
+flattest row costs, so spread-out values cost that much even without any per-row machinery), and in
+fast mode `loop` (32 scalar `Sampler`s, one per row with `distinct`'s values, each on its own row).
+Target: per-row values at most 15% over `scalar` in both modes, and `distinct` faster than `loop`.
 
-Method: one thread, each call timed with `time.thread_time()`; within a repeat the three samplers
+Method: one thread, each call timed with `time.thread_time()`; within a repeat the samplers
 run round-robin on the same logits; each number is the median of the repeats. Host reads per
 step are counted with tests/_host_reads.py's `HostReads` (they must not grow with per-row values).
 """
@@ -47,7 +49,7 @@ def _logits() -> torch.Tensor:
     return rows + 0.1 * torch.randn(B, V, generator=g)
 
 
-def samplers(fast: bool) -> dict[str, Sampler]:
+def samplers(fast: bool) -> dict[str, Sampler | _Loop]:
     distinct_t = [0.8 + 0.005 * (i - B // 2) for i in range(B)]
     distinct_p = [0.9 + 0.002 * (i - B // 2) for i in range(B)]
     return {
@@ -57,7 +59,19 @@ def samplers(fast: bool) -> dict[str, Sampler]:
         "temps": Sampler(temperature=distinct_t, top_p=0.9, top_k=0, fast=fast),
         "close": Sampler(temperature=[0.8 + 1e-5 * i for i in range(B)], top_p=0.9, top_k=0, fast=fast),
         "hottest": Sampler(temperature=max(distinct_t), top_p=max(distinct_p), top_k=0, fast=fast),
+        **({"loop": _Loop(distinct_t, distinct_p, fast)} if fast else {}),
     }
+
+
+class _Loop:
+    """32 scalar `Sampler`s, one per row with that row's values, each called on its own row: what a
+    caller would write without per-row options (fast mode only)."""
+
+    def __init__(self, temperatures: list[float], top_ps: list[float], fast: bool) -> None:
+        self.samplers = [Sampler(temperature=t, top_p=p, top_k=0, fast=fast) for t, p in zip(temperatures, top_ps)]
+
+    def __call__(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return torch.cat([sampler(logits[i:i + 1], ids[i:i + 1]) for i, sampler in enumerate(self.samplers)])
 
 
 def run(repeats: int) -> None:
@@ -84,9 +98,14 @@ def run(repeats: int) -> None:
         mode = "fast" if fast else "exact"
         for name, values in times.items():
             median = statistics.median(values)
-            verdict = "" if name in ("scalar", "hottest") else ("PASS" if median <= 1.15 * base else "MISS")
+            verdict = "" if name in ("scalar", "hottest", "loop") else ("PASS" if median <= 1.15 * base else "MISS")
             print(f"{mode:5} {name:8} {1000 * median:8.2f} ms  x{median / base:5.3f}  host reads {reads[name]:3d}  "
                   f"{verdict}")
+        if "loop" in times:  # per-row fast must beat the loop of scalar samplers it replaces
+            loop = statistics.median(times["loop"])
+            for name in ("distinct", "temps"):
+                ratio = loop / statistics.median(times[name])
+                print(f"{mode:5} loop / {name}: {ratio:5.2f}  {'PASS' if ratio > 1 else 'MISS'}")
 
 
 if __name__ == "__main__":

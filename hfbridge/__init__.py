@@ -11,9 +11,10 @@ from hfbridge._generate.generate import generate
 from hfbridge._generate.logprobs import logprobs
 from hfbridge._generate.transition_scores import compute_transition_scores
 from hfbridge._hf.contracts import TransformersContractError
-from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute, ReturnsCache
+from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute
 from hfbridge._models.cache import crop_cache, reorder_cache
 from hfbridge._models.hooks import Hooks
+from hfbridge._models.returns_cache import ReturnsCache
 from hfbridge._step.build_processors import build_processors
 from hfbridge._step.cpu_shortcuts import accelerator_route
 from hfbridge._step.layout import Layout, from_rows, to_rows

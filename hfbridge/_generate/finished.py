@@ -127,6 +127,14 @@ class FinishedRows:
 
     def read(self) -> bool:
         """One host read of everything pending; True when the loop should stop."""
+        if self.others is None and not self.synced and len(self._invalid) == 1:
+            # the common case (one step's validity, rows finished only by the length): fewest Python steps
+            best = self._invalid[0][1]
+            if _is_invalid(best, _read_together([], [best])[0]):
+                self._raise_invalid()
+            self._invalid.clear()
+            self._window.clear()
+            return self.rank_done
         parts: list[torch.Tensor] = []  # 0-d tensors, read together
         if self.synced:
             running = torch.zeros((), dtype=torch.bool, device=self.unfinished.device) if self.rank_done \

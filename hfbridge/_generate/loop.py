@@ -32,7 +32,8 @@ from hfbridge._generate.finished import FinishedRows, InvalidRows
 from hfbridge._generate.padded_vocab import check_model_index_error
 from hfbridge._generate.prepared import Call as _Call
 from hfbridge._hf.host import special_token
-from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
+from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.callables import AdapterTypeError
 from hfbridge._step.cpu_shortcuts import cpu_shortcuts, greedy_choice
 from hfbridge._step.processor_list import BadProcessorOutput
 from hfbridge._step.sampler import Sampler, extract_logits

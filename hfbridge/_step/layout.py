@@ -74,6 +74,8 @@ class Layout:
                 f"`layout` {self.pattern!r} names {len(self.axes)} axes but the logits have shape "
                 f"{tuple(logits.shape)} ({logits.ndim} axes)."
             )
+        if 0 not in logits.shape:
+            return
         for axis, size in zip(self.axes, logits.shape):
             if size == 0:
                 raise ValueError(

@@ -21,7 +21,8 @@ with that row's scalar values and applied to that row alone. How:
    torch divides by a scalar as a multiplication by its float32 reciprocal, and so does this).
    Everything else (your own processors, options given as scalars) runs once on the whole batch.
 4. `fast=True` draws once per group, with the group's own HF list (`RowPlan.fast_groups`); on CPU
-   groups that differ only in temperature share one draw, the temperature a `(n, 1)` tensor.
+   groups that differ only in temperature and top-p share one draw, the temperature a `(n, 1)` tensor
+   and the top-p a `(n, 1)` tensor every top-p route of the fast path takes (`tensor_top_p`).
 
 The loop over groups runs once per distinct combination of values, never once per row of equal values.
 
@@ -50,7 +51,7 @@ from hfbridge._step.option_table import ROWS, per_row_options, plain_options, sa
 from hfbridge.processors._rows import RowParam, rows_mismatch
 from hfbridge.processors._stateful import is_stateful
 
-__all__ = ["PerRowProcessor", "PerRowTemperature", "PerRowValues", "RowPlan", "split_per_row"]
+__all__ = ["PerRowProcessor", "PerRowTemperature", "PerRowValues", "RowPlan", "split_per_row", "tensor_top_p"]
 
 _DEFAULTS = GenerationConfig()
 
@@ -235,32 +236,41 @@ class RowPlan:
 
     def fast_groups(self, device: torch.device, start: int = 0) -> list[tuple[list[int], torch.Tensor, list, bool]]:
         """`(rows, (n,) index, processors, samples)` per fast draw, the processors from the template's place
-        `start` on: on CPU, rows whose values differ only in temperature share one, with a `(n, 1)`
-        temperature the fast path divides by (the same bits as HF's division, see `PerRowTemperature`);
-        elsewhere, or when a processor keeps state per row, one per group, with its own HF list.
+        `start` on: on CPU, rows whose values differ only in temperature and top-p share one, with a
+        `(n, 1)` temperature the fast path divides by (the same bits as HF's division, see
+        `PerRowTemperature`) and a `(n, 1)` top-p every top-p route takes (`tensor_top_p`); elsewhere,
+        or when a processor keeps state per row, one per group, with its own HF list.
         """
-        stateful = any(is_stateful(part) for kind, _, parts in self.positions[start:] for part in parts
+        positions = self.positions[start:]
+        stateful = any(is_stateful(part) for kind, _, parts in positions for part in parts
                        if kind != "shared" and part is not None)
-        if device.type != "cpu" or stateful or not any(kind == "temperature" for kind, _, _ in self.positions[start:]):
+        top_p_places = [place for place, (kind, held, _) in enumerate(positions)
+                        if kind == "parts" and any(type(part).__name__ == "TopPLogitsWarper" for part in held)]
+        temperatures = any(kind == "temperature" for kind, _, _ in positions)
+        if device.type != "cpu" or stateful or not (top_p_places or temperatures):
             return [(rows, index, self.group_tail(number, start), self.samples[rows[0]])
                     for number, ((_, rows), index) in enumerate(zip(self.groups, self.indices))]
-        skip = self.names.index("temperature") if "temperature" in self.names else None
-        merged: dict[tuple, list[int]] = {}  # key without the temperature -> the groups it joins
+        skip = {self.names.index(name) for name in ("temperature", "top_p") if name in self.names}
+        merged: dict[tuple, list[int]] = {}  # key without the temperature and top-p -> the groups it joins
         for number, (_, rows) in enumerate(self.groups):
             values = self.group_keys[number]
-            key = (tuple(v for i, v in enumerate(values) if i != skip), self.samples[rows[0]])
+            # a row without HF's top-p warper (top_p 1.0) never joins one with it: the warper at 1.0 is not a no-op
+            has_top_p = tuple(positions[place][1][number] is not None for place in top_p_places)
+            key = (tuple(v for i, v in enumerate(values) if i not in skip), self.samples[rows[0]], has_top_p)
             merged.setdefault(key, []).append(number)
         result = []
         for joined in merged.values():
             rows = sorted(row for number in joined for row in self.groups[number][1])
             index = torch.tensor(rows, dtype=torch.long, device=device)
             first, samples = joined[0], self.samples[rows[0]]
+            owner = {row: number for number in joined for row in self.groups[number][1]}  # row -> its group
             processors = []
-            for kind, held, _ in self.positions[start:]:
+            for place, (kind, held, _) in enumerate(positions):
                 if kind == "shared":
                     processors.append(held)
                 elif kind == "parts" and held[first] is not None:
-                    processors.append(held[first])
+                    processors.append(_joined_top_p([held[owner[row]] for row in rows], device)
+                                      if place in top_p_places else held[first])
                 elif kind == "temperature" and samples:
                     processors.append(tensor_temperature(held.index_select(0, index)))
             result.append((rows, index, processors, samples))
@@ -277,6 +287,33 @@ class RowPlan:
 # Devices where `PerRowTemperature` gives HF's bits: CPU divides by the float32 value, CUDA multiplies
 # by its float32 reciprocal (torch's division by a CPU scalar there); elsewhere HF's class runs per group.
 _TEMPERATURE_DEVICES = ("cpu", "cuda")
+
+
+def _joined_top_p(parts: list, device: torch.device) -> Any:
+    """One HF top-p warper for rows drawn together (`parts`: each row's own): the first if they all hold
+    the same top-p, else `tensor_top_p` of theirs (their other fields come from one config: equal)."""
+    values = [float(part.top_p) for part in parts]
+    if all(value == values[0] for value in values):
+        return parts[0]
+    return tensor_top_p(values, parts[0].min_tokens_to_keep, parts[0].filter_value, device)
+
+
+def tensor_top_p(values: Sequence[float], min_tokens_to_keep: int = 1, filter_value: float = float("-inf"),
+                 device: torch.device | str = "cpu") -> Any:
+    """HF's `TopPLogitsWarper` holding `(rows, 1)` float64 top-p values, one per row, instead of a float:
+    every top-p route of the fast path takes it (`_step/fast/top_p/route_table.py`), so that rows with
+    distinct top-p values are one draw. Only the fast path reads it: HF's own `__call__` would compare
+    its float32 running sums in float64.
+
+    >>> warper = tensor_top_p([0.9, 0.5])
+    >>> warper.top_p.tolist(), warper.min_tokens_to_keep
+    ([[0.9], [0.5]], 1)
+    """
+    from transformers import TopPLogitsWarper
+
+    warper = TopPLogitsWarper(max(values), filter_value=filter_value, min_tokens_to_keep=min_tokens_to_keep)
+    warper.top_p = torch.tensor(values, dtype=torch.float64, device=device)[:, None]  # type: ignore[assignment]
+    return warper
 
 
 def tensor_temperature(divisors: torch.Tensor) -> Any:

@@ -145,7 +145,11 @@ def fast_rows(input_ids: torch.Tensor, rows: torch.Tensor, units: Sequence[Unit]
 
     result = GroupedDraw(rows.shape[0], rows.device)
     for index, row_list, processors, samples, generator, memo in units:
-        if len(row_list) == 1:
+        if len(row_list) == rows.shape[0]:  # every row, in order (rows of equal values, or one draw for the batch)
+            part_rows, ids, lent = rows, input_ids, read_only
+            if not lent:
+                part_rows = part_rows.to(torch.float32, copy=True)
+        elif len(row_list) == 1:
             row = row_list[0]
             part_rows, ids, lent = rows[row:row + 1], input_ids[row:row + 1], read_only  # [1, V]: a view, as alone
             if not lent:

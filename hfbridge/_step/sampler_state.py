@@ -190,6 +190,8 @@ class SamplerState:
         processors = self._processors_on(rows.device)
         self._check_rows_per_row(rows.shape[0])
         self._batch_rows = rows.shape[0]
+        if self.fast and self.do_sample and self._plan is not None:
+            self._check_coins_replayable(processors, rows)
         ids = cast(torch.LongTensor, input_ids)
         scores = self._float_copy(rows)  # [N, V]
         outputs: list[tuple[Any, torch.Tensor]] = []
@@ -221,6 +223,21 @@ class SamplerState:
         self.check_rows()
         return outputs, result.tokens
 
+
+    def _check_coins_replayable(self, processors: Any, rows: torch.Tensor) -> None:
+        """Refuse what `explain` cannot record exactly: XTC's coins drawn group by group in the fast step.
+
+        The fast step draws each group's XTC coins and then its tokens, group after group, from the one
+        generator; a recording runs XTC on the whole batch before any draw, so its coins would come from
+        other places of the random stream and the recorded token could differ from `next_tokens`'.
+        """
+        units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, self._head_length)
+        if len(units) > 1 and any(type(p).__name__ == "XTCLogitsWarper" for unit in units for p in unit[2]):
+            raise NotImplementedError(
+                "explain_step cannot yet record this step exactly: with fast=True and per-row values that split the "
+                "batch into groups, XTC draws its coins group by group between the groups' draws, which a "
+                "recording cannot replay. Pass fast=False (the same distribution; the recorded token is then "
+                "exact mode's, as sample_step(fast=False) draws it), or explain a step without XTC.")
 
 
 def first_warper(processors: Sequence[Any]) -> int:

@@ -1,20 +1,19 @@
-"""DRY's small-batch path: each row's window searched on the host with NumPy, for CPU tensors.
+"""DRY's path for CPU tensors: every row's window searched at once with NumPy.
 
-The batched path (`dry.py`) runs about 360 torch operations whatever the batch, a fixed cost that
-dominates at a few rows. Here a row costs a few dozen NumPy operations on views of `input_ids`:
-the positions holding the window's last token are the only possible repeats, and each round
-extends the ones still matching by one token backwards, so the work follows the repeats present,
-not the window's length. The penalties reach the scores in one indexed write. Same definition,
-same float32 results as the batched path (the penalty is `multiplier * base ** e` in double,
-rounded to float32 once, as llama.cpp computes it).
-
-`host_rows` holds each row's settings; `penalties` returns `(rows, tokens, amounts)` to subtract.
+The device path (`dry.py`) runs about 360 torch operations whatever the batch, a fixed cost that
+dominates on a CPU. Here the whole batch costs a few dozen NumPy operations on a view of
+`input_ids`: the positions holding a row's last token are the only possible repeats, and each round
+extends the ones still matching by up to `_CHUNK` tokens backwards at once, so the work follows the
+repeats present, not the windows' length (one round for repeats shorter than the chunk). The
+penalties reach the scores in one indexed write. Same definition, same results as the device path
+(the penalty is `multiplier * base ** e` in double, rounded once to the scores' dtype: float32 as
+llama.cpp computes it).
 
 >>> import numpy as np
 >>> single = np.zeros(8, dtype=bool)
->>> row = HostRow(window=np.array([0, 1, 2, 0, 1]), multiplier=1.0, base=1.1, allowed=2, cap=930)
->>> row_penalties(row, single, [])
-(array([2]), array([1.], dtype=float32))
+>>> rows = HostRows(start=np.array([0]), multiplier=[1.0], base=[1.1], allowed=np.array([2]), cap=np.array([930]))
+>>> batch_penalties(np.array([[0, 1, 2, 0, 1]]), rows, single, [])
+(array([0]), array([2]), array([1.]))
 """
 
 from __future__ import annotations
@@ -23,111 +22,183 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["HostRow", "row_penalties"]
+__all__ = ["HostRows", "batch_penalties"]
 
+_CHUNK = 16  # tokens compared per round when extending repeats backwards
 _FEW = 8  # up to this many repeat ends, plain Python
+_NOTHING = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
 
 
-class HostRow(NamedTuple):
-    """One row's DRY settings and its window (`input_ids`' last tokens, oldest first)."""
+class HostRows(NamedTuple):
+    """The live rows' DRY settings: row `b`'s window is `window[b, start[b]:]` of the window passed with them."""
 
-    window: np.ndarray  # [W] int64, a view of the caller's ids (read only)
-    multiplier: float
-    base: float
-    allowed: int
-    cap: int  # llama.cpp's cap on the exponent; 0: none
+    start: np.ndarray  # [B] int64, where each row's window begins (longer than allowed)
+    multiplier: list[float]
+    base: list[float]
+    allowed: np.ndarray  # [B] int64
+    cap: np.ndarray  # [B] int64, llama.cpp's cap on the exponent; 0: none
 
 
-def row_penalties(row: HostRow, single: np.ndarray,
-                  groups: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """`(tokens, amounts)`: each penalised token once, with the largest penalty it gets (float32).
+def batch_penalties(window: np.ndarray, rows: HostRows, single: np.ndarray,
+                    groups: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(rows, tokens, amounts)`: each penalised token of each row once, with its largest penalty (float64).
 
     Args:
-        row: The row's settings and window (longer than `allowed`).
+        window: `(B, M)` int, C-contiguous: the rows' last tokens, oldest first (often a view of the
+            caller's ids: read only).
+        rows: The rows' settings.
         single: `(vocab,)` bool, the single-token breakers.
         groups: `(heads (vocab,) bool, tail (L,) int64)` for the multi-token breakers.
     """
-    window = row.window
-    width = window.shape[0]
-    limit = _rep_limit(window, single, groups)
-    nothing = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
-    if limit < row.allowed:
-        return nothing
-    ends = np.flatnonzero(window[:-1] == window[-1])  # repeats of length >= 1 end at these positions
-    if ends.size == 0:
-        return nothing
-    # only min(n, limit) counts, and past allowed + cap the penalty no longer grows
-    bound = limit if row.cap <= 0 else min(limit, row.allowed + row.cap)
-    if ends.size <= _FEW:
-        return _few_penalties(row, ends.tolist(), bound, single)
-    lengths = np.ones(ends.size, dtype=np.int64)
-    alive = np.arange(ends.size)
-    shift = 1
-    while alive.size and shift < bound:
-        before = ends[alive] - shift
-        inside = before >= 0
-        alive, before = alive[inside], before[inside]
-        alive = alive[window[before] == window[width - 1 - shift]]
-        lengths[alive] += 1
-        shift += 1
-    following = window[ends + 1]
-    penalised = (lengths >= row.allowed) & ~single[following]
+    start, allowed = rows.start, rows.allowed
+    width = window.shape[1]
+    flat = window.reshape(-1)  # [B * M], a view
+    if window.shape[0] == 1:  # one row: 1-D operations, fewer of them
+        begin = int(start[0])
+        end = np.flatnonzero(window[0, begin:-1] == window[0, -1])
+        if begin:
+            end += begin
+        row = np.zeros(end.size, dtype=np.int64)
+    else:
+        # repeats of length >= 1 end here (and at the last token); flat: np.nonzero on 2-D is several times slower
+        row, end = np.divmod(np.flatnonzero(window == window[:, -1:]), width)
+        keep = (end < width - 1) & (end >= start[row])
+        row, end = row[keep], end[keep]
+    if row.size == 0:
+        return _NOTHING
+    if row.size <= _FEW:
+        return _few_penalties(window, rows, single, groups, row.tolist(), end.tolist())
+    # the breakers cap a repeat at the row's rep_limit, and the penalty stops growing past allowed + cap:
+    # lengths first under the cap alone, then the limit, which only matters up to the longest of them
+    bound = np.where(rows.cap > 0, allowed + rows.cap, width)  # [B]
+    lengths = _repeat_lengths(flat, width, start, bound, row, end)
+    candidate = lengths >= allowed[row]
+    if not candidate.any():
+        return _NOTHING
+    row, end, lengths = row[candidate], end[candidate], lengths[candidate]
+    lengths = np.minimum(lengths, _rep_limit(window, start, int(lengths.max()), single, groups)[row])
+    following = flat[row * width + end + 1]
+    penalised = (lengths >= allowed[row]) & ~single[following]
     if not penalised.any():
-        return nothing
-    tokens = following[penalised]
-    exponents = lengths[penalised] - row.allowed
-    if row.cap > 0:
-        np.minimum(exponents, row.cap, out=exponents)
-    order = np.lexsort((-exponents, tokens))  # by token, the longest repeat (the largest penalty) first
-    tokens, exponents = tokens[order], exponents[order]
-    first = np.ones(tokens.size, dtype=bool)
-    first[1:] = tokens[1:] != tokens[:-1]
-    tokens, exponents = tokens[first], exponents[first]
-    return tokens, _penalties(row, exponents.tolist())
+        return _NOTHING
+    row, tokens = row[penalised], following[penalised]
+    exponents = lengths[penalised] - allowed[row]
+    cap = rows.cap[row]
+    exponents = np.where((cap > 0) & (exponents > cap), cap, exponents)
+    if tokens.size > 1:
+        order = np.lexsort((-exponents, tokens, row))  # by row and token, the longest repeat (largest penalty) first
+        row, tokens, exponents = row[order], tokens[order], exponents[order]
+        first = np.ones(tokens.size, dtype=bool)
+        first[1:] = (tokens[1:] != tokens[:-1]) | (row[1:] != row[:-1])
+        row, tokens, exponents = row[first], tokens[first], exponents[first]
+    return row, tokens.astype(np.int64), _penalties(rows, row.tolist(), exponents.tolist())
 
 
-def _few_penalties(row: HostRow, ends: list[int], bound: int, single: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`row_penalties` for a handful of repeat ends: plain Python beats NumPy's fixed cost per call."""
-    window = row.window
-    width = window.shape[0]
-    longest: dict[int, int] = {}  # token -> its longest repeat
-    for end in ends:
-        length = 1
-        while length < bound and end - length >= 0 and window[end - length] == window[width - 1 - length]:
-            length += 1
-        token = int(window[end + 1])
-        if length >= row.allowed and not single[token] and length > longest.get(token, 0):
-            longest[token] = length
+def _repeat_lengths(flat: np.ndarray, width: int, start: np.ndarray, bound: np.ndarray, row: np.ndarray,
+                    end: np.ndarray) -> np.ndarray:
+    """`(N,)` for each repeat end `(row, end)`: how many tokens the sequence ending there shares with the
+    row's window's ending, read backwards, at most the row's `bound` and never before its `start`."""
+    lengths = np.ones(row.size, dtype=np.int64)  # the last token itself matches
+    alive = np.flatnonzero(bound[row] > 1)
+    steps = np.arange(_CHUNK)  # [K]
+    shift = 1  # every alive repeat matched exactly `shift` tokens so far
+    while alive.size:
+        at = row[alive]  # [A]
+        offset = (at * width)[:, None]  # [A, 1]
+        before = end[alive][:, None] - (shift + steps)  # [A, K]: the earlier sequence, backwards
+        ending = (width - 1 - shift) - steps  # [K]: the window's ending, backwards (> before)
+        # clip: a position before the window is outside anyway
+        same = (before >= start[at][:, None]) & (flat.take(offset + before, mode="clip")
+                                                == flat.take(offset + ending, mode="clip"))  # [A, K]
+        run = np.where(same.all(1), _CHUNK, same.argmin(1))  # [A]: tokens matching this round
+        limit = bound[at]
+        reached = np.minimum(shift + run, limit)
+        lengths[alive] = reached
+        alive = alive[(run == _CHUNK) & (reached < limit)]
+        shift += _CHUNK
+    return lengths
+
+
+def _few_penalties(window: np.ndarray, rows: HostRows, single: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]],
+                   row: list[int], end: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`batch_penalties` for a handful of repeat ends `(row, end)`, in plain Python: NumPy's fixed cost per
+    call dominates there."""
+    width = window.shape[1]
+    flat = window.reshape(-1)
+    found: list[tuple[int, int, int]] = []  # (row, end, length) of the repeats long enough, before the limit
+    for r, e in zip(row, end):
+        allowed, cap = int(rows.allowed[r]), int(rows.cap[r])
+        length = _one_length(flat, r * width, width, int(rows.start[r]), allowed + cap if cap > 0 else width, e)
+        if length >= allowed:
+            found.append((r, e, length))
+    if not found:
+        return _NOTHING
+    limits = _rep_limit(window, rows.start, max(length for _, _, length in found), single, groups).tolist()
+    longest: dict[tuple[int, int], int] = {}  # (row, token) -> its largest exponent
+    for r, e, length in found:
+        allowed, cap = int(rows.allowed[r]), int(rows.cap[r])
+        token = int(flat[r * width + e + 1])
+        length = min(length, limits[r])
+        if length < allowed or single[token]:
+            continue
+        exponent = length - allowed if cap <= 0 else min(length - allowed, cap)
+        longest[r, token] = max(exponent, longest.get((r, token), -1))
     if not longest:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-    exponents = [length - row.allowed for length in longest.values()]
-    if row.cap > 0:
-        exponents = [min(e, row.cap) for e in exponents]
-    return np.fromiter(longest, dtype=np.int64, count=len(longest)), _penalties(row, exponents)
+        return _NOTHING
+    keys = list(longest)
+    return (np.array([r for r, _ in keys], dtype=np.int64), np.array([t for _, t in keys], dtype=np.int64),
+            _penalties(rows, [r for r, _ in keys], list(longest.values())))
 
 
-def _penalties(row: HostRow, exponents: list[int]) -> np.ndarray:
-    """float32 `multiplier * base ** e`, the power in double as llama.cpp computes it (base >= 1: a
-    longer repeat never gets a smaller penalty)."""
-    return np.array([row.multiplier * row.base ** e for e in exponents], dtype=np.float64).astype(np.float32)
+def _one_length(flat: np.ndarray, offset: int, width: int, start: int, bound: int, end: int) -> int:
+    """`_repeat_lengths` of one repeat end, in plain Python (a few ends: NumPy's fixed cost per call dominates)."""
+    last = offset + width - 1
+    end += offset
+    start += offset
+    length = 1
+    while length < bound and end - length >= start and flat[end - length] == flat[last - length]:
+        length += 1
+    return length
 
 
-def _rep_limit(window: np.ndarray, single: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]]) -> int:
-    """llama.cpp's step 1: the tokens after the breaker nearest the end (the window's length if none)."""
-    width = window.shape[0]
-    hits = np.flatnonzero(single[window])
-    nearest, tail = (int(hits[-1]), 0) if hits.size else (-1, 0)
+def _penalties(rows: HostRows, row: list[int], exponents: list[int]) -> np.ndarray:
+    """`multiplier * base ** e` in double, as llama.cpp computes it before storing a float (base >= 1: a
+    longer repeat never gets a smaller penalty). Python's float power: NumPy's may differ in the last bit."""
+    return np.array([rows.multiplier[r] * rows.base[r] ** e for r, e in zip(row, exponents)], dtype=np.float64)
+
+
+def _rep_limit(window: np.ndarray, start: np.ndarray, longest: int, single: np.ndarray,
+               groups: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """`(B,)` llama.cpp's step 1, the tokens after the breaker nearest the end (the window's length if none),
+    where it is below `longest`; rows whose limit is at least `longest` may get any value >= `longest`.
+
+    Only the window's last `longest + tail + 1` tokens can hold a breaker that matters (`tail`: the
+    longest breaker's length after its first token), so only those are searched: a search over the
+    whole window costs more than the rest of DRY.
+    """
+    rows, width = window.shape
+    tail_max = max((sequence.shape[0] for _, sequence in groups), default=0)
+    first = max(0, width - longest - tail_max - 1)  # the first position searched
+    part = window[:, first:]  # [B, S]
+    seen = part.shape[1]
+    nearest = np.full(rows, -1, dtype=np.int64)  # [B]: the breaker nearest the end
+    row, at = np.divmod(np.flatnonzero(single[part]), seen)
+    at += first
+    inside = at >= start[row]
+    np.maximum.at(nearest, row[inside], at[inside])
+    tail = np.zeros(rows, dtype=np.int64)  # [B]: its length after its first token
     for heads, sequence in groups:
         size = sequence.shape[0]
-        if size >= width:
+        if size >= seen:
             continue
-        starts = np.flatnonzero(heads[window[: width - size]])
+        found = heads[part[:, : seen - size]]  # [B, S - L]
         for offset in range(size):
-            if not starts.size:
-                break
-            starts = starts[window[starts + offset + 1] == sequence[offset]]
-        if starts.size:
-            last = int(starts[-1])
-            if last > nearest or (last == nearest and size > tail):
-                nearest, tail = last, size
-    return width - 1 - nearest - tail if nearest >= 0 else width
+            found &= part[:, offset + 1: seen - size + offset + 1] == sequence[offset]
+        row, at = np.divmod(np.flatnonzero(found), seen - size)
+        at += first
+        inside = at >= start[row]
+        last = np.full(rows, -1, dtype=np.int64)
+        np.maximum.at(last, row[inside], at[inside])
+        better = (last > nearest) | ((last == nearest) & (last >= 0) & (size > tail))
+        nearest, tail = np.where(better, last, nearest), np.where(better, size, tail)
+    return np.where(nearest >= 0, width - 1 - nearest - tail, width - start)

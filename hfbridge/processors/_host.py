@@ -66,7 +66,7 @@ def device_only() -> Iterator[None]:
 def host_path(*tensors: torch.Tensor) -> bool:
     """Whether every tensor is on the CPU, eager (not traced by `torch.compile`), outside `device_only()`."""
     return (not _DEVICE_ONLY.get() and not torch.compiler.is_compiling()
-            and all(tensor.device.type == "cpu" for tensor in tensors))
+            and all(tensor.is_cpu for tensor in tensors))
 
 
 def fused_path(scores: torch.Tensor) -> bool:

@@ -22,10 +22,13 @@ and llama.cpp; llama.cpp `src/llama-sampler.cpp`; defaults from `common/common.h
 training context (here: the whole of `input_ids`); text-generation-webui penalises by
 `multiplier * base ** (n - allowed)` without the cap, and matches breakers as single tokens only.
 
-Batched and sync-free: step 2 is a binary search on every position at once over polynomial
-hashes of the window's prefixes (64-bit wrapping arithmetic, about 10 passes over a `(rows,
-window)` tensor), step 3 one scatter into the scores. Two different token strings of the window
-compare equal only under a 64-bit hash collision.
+Two paths, chosen by where the tensors live. On the CPU (`_dry_host.py`) NumPy searches every
+row at once from the positions holding the window's last token, the only possible repeats, so the
+work follows the repeats present. Elsewhere (accelerators, `torch.compile`, `accelerator_route()`)
+the search is batched and sync-free: step 2 is a binary search on every position at once over
+polynomial hashes of the window's prefixes (64-bit wrapping arithmetic, about 10 passes over a
+`(rows, window)` tensor), step 3 one scatter into the scores; two different token strings of the
+window compare equal only under a 64-bit hash collision.
 
 >>> import torch
 >>> dry = DRYLogitsProcessor(1.0, base=1.1, allowed_length=2, sequence_breakers=[])
@@ -35,7 +38,7 @@ tensor([[ 0.,  0., -1.,  0.]])
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +46,7 @@ import torch
 from transformers import LogitsProcessor
 
 from hfbridge.processors._dry_breakers import Breakers, compile_breakers
-from hfbridge.processors._dry_host import HostRow, row_penalties
+from hfbridge.processors._dry_host import HostRows, batch_penalties
 from hfbridge.processors._host import host_path, scores_owned
 from hfbridge.processors._rows import RowParam
 
@@ -54,7 +57,6 @@ _FLOAT_MAX_LOG = 88.7228391  # llama.cpp's bound on the exponent: base ** e stay
 _MASK64 = (1 << 64) - 1
 _BASE = 6364136223846793005  # odd: invertible modulo 2 ** 64
 _MIX = 0x9E3779B97F4A7C15  # spreads token ids over 64 bits
-_HOST_ROWS = 64  # CPU batches up to this many rows take the host path (benchmarks/samplers.py, --dry)
 
 
 class DRYLogitsProcessor(LogitsProcessor):
@@ -83,18 +85,23 @@ class DRYLogitsProcessor(LogitsProcessor):
         self._powers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._cap_tensors: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._numpy_masks: dict[int, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = {}
+        self._settings: dict[int, _RowSettings] = {}
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows, length = input_ids.shape  # [B, T]
-        multiplier = self.multiplier.for_rows(rows)
-        allowed = self.allowed_length.for_rows(rows)
-        windows = [0 if m == 0 or n == 0 else length if n == -1 else min(n, length)
-                   for m, n in zip(multiplier, self.penalty_last_n.for_rows(rows))]
-        live = [w > a for w, a in zip(windows, allowed)]  # llama.cpp: a window <= allowed_length does nothing
-        if not any(live):
-            return scores
-        if rows <= _HOST_ROWS and host_path(input_ids, scores):
-            return self._on_host(input_ids, scores, windows, live)
+        settings = self._row_settings(rows)
+        if settings.uniform:  # one window for every row: no per-row lists
+            size = settings.window(0, length)
+            if size <= settings.allowed[0]:  # llama.cpp: a window <= allowed_length does nothing
+                return scores
+            windows, live = [size] * rows, [True] * rows
+        else:
+            windows = [settings.window(row, length) for row in range(rows)]
+            live = [w > a for w, a in zip(windows, settings.allowed)]
+            if not any(live):
+                return scores
+        if host_path(input_ids, scores):  # on the CPU NumPy wins at every batch size (benchmarks/README.md)
+            return self._on_host(input_ids, scores, settings, windows, live)
         width = max(w for w, on in zip(windows, live) if on)  # M
         device = scores.device
         window = input_ids[:, length - width:].long()  # [B, M], oldest first
@@ -105,7 +112,7 @@ class DRYLogitsProcessor(LogitsProcessor):
         sizes = torch.where(off, 0, torch.where(last_n == -1, length, last_n.clamp(max=length)))  # [B] windows
         start = torch.where(sizes > allowed_t.squeeze(1), width - sizes, width)  # [B]
         limit = self._rep_limit(window, start, scores.shape[1])  # [B]
-        caps = [a + e if e > 0 else width for a, e in zip(allowed, self._max_exponent_rows(rows))]
+        caps = [a + e if e > 0 else width for a, e in zip(settings.allowed, self._max_exponent_rows(rows))]
         longest = min(width - 1, max(caps))
         repeats = self._repeats(window, start, longest)  # [B, M - 1]: n_j for j < M - 1
         repeats = torch.minimum(repeats, limit[:, None])
@@ -126,33 +133,49 @@ class DRYLogitsProcessor(LogitsProcessor):
             return scores.scatter_reduce_(1, following, old - penalty, reduce="amin", include_self=True)
         return scores.scatter_reduce(1, following, old - penalty, reduce="amin", include_self=True)
 
-    def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, windows: list[int],
+    def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, settings: _RowSettings, windows: list[int],
                  live: list[bool]) -> torch.Tensor:
-        """The small-batch path (`_dry_host.py`): each live row searched with NumPy, one indexed write."""
+        """The CPU path (`_dry_host.py`): the live rows searched at once with NumPy, one indexed write."""
         rows, vocab = scores.shape
         single, groups = self._host_masks(vocab)
         ids = input_ids.numpy()  # [B, T], the caller's memory: read only
-        multiplier, base = self.multiplier.for_rows(rows), self.base.for_rows(rows)
-        allowed, caps = self.allowed_length.for_rows(rows), self._max_exponent_rows(rows)
-        found_rows, found_tokens, found_amounts = [], [], []
-        for row in range(rows):
-            if not live[row]:
-                continue
-            settings = HostRow(ids[row, ids.shape[1] - windows[row]:], float(multiplier[row]), float(base[row]),
-                               int(allowed[row]), caps[row])
-            tokens, amounts = row_penalties(settings, single, groups)
-            if tokens.size:
-                found_rows.append(np.full(tokens.size, row))
-                found_tokens.append(tokens)
-                found_amounts.append(amounts)
+        length = ids.shape[1]
+        if settings.uniform:
+            chosen = None
+            window = ids[:, length - windows[0]:]  # [B, M]
+            host = settings.host
+        else:
+            chosen = [row for row in range(rows) if live[row]]
+            width = max(windows[row] for row in chosen)  # M
+            window = ids[chosen, length - width:]  # [B', M], a copy
+            host = settings.host_rows(chosen, [width - windows[row] for row in chosen])
+        # C order, as batch_penalties reads it flat: a copy only when part of the ids
+        found, tokens, amounts = batch_penalties(np.ascontiguousarray(window), host, single, groups)
         out = scores if scores_owned() else scores.clone()
-        if not found_rows:
+        if not found.size:
             return out
-        where = (torch.from_numpy(np.concatenate(found_rows)),
-                 torch.from_numpy(np.concatenate(found_tokens)).long())
-        penalties = torch.from_numpy(np.concatenate(found_amounts)).neg_().to(scores.dtype)
-        # each (row, token) once, with its largest penalty: x + (-p) is x - p, one rounding
-        return out.index_put_(where, penalties, accumulate=True)
+        if chosen is not None:
+            found = np.array(chosen)[found]
+        if out.dtype in (torch.float32, torch.float64) and not out.requires_grad:
+            view = out.numpy()  # [B, V], the same memory
+            # each (row, token) once, with its largest penalty rounded to the scores' dtype: one subtraction
+            if view.flags.c_contiguous:
+                view.reshape(-1)[found * vocab + tokens] -= amounts.astype(view.dtype)
+            else:
+                view[found, tokens] -= amounts.astype(view.dtype)
+            return out
+        where = (torch.from_numpy(found), torch.from_numpy(tokens))
+        # x + (-p) is x - p, one rounding
+        return out.index_put_(where, torch.from_numpy(amounts).to(out.dtype).neg_(), accumulate=True)
+
+    def _row_settings(self, rows: int) -> _RowSettings:
+        cached = self._settings.get(rows)
+        if cached is None:
+            cached = _RowSettings(self.multiplier.for_rows(rows), self.base.for_rows(rows),
+                                  self.allowed_length.for_rows(rows), self.penalty_last_n.for_rows(rows),
+                                  self._max_exponent_rows(rows))
+            self._settings[rows] = cached
+        return cached
 
     def _host_masks(self, vocab: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
         cached = self._numpy_masks.get(vocab)
@@ -240,6 +263,33 @@ class DRYLogitsProcessor(LogitsProcessor):
         return (f"{type(self).__name__}(multiplier={self.multiplier}, base={self.base}, allowed_length="
                 f"{self.allowed_length}, penalty_last_n={self.penalty_last_n}, sequence_breakers="
                 f"{len(self.breakers)} token sequences)")
+
+
+class _RowSettings:
+    """A batch size's per-row values, as lists and as the host path's arrays (built once per batch size)."""
+
+    def __init__(self, multiplier: Sequence[float], base: Sequence[float], allowed: Sequence[int],
+                 last_n: Sequence[int], caps: Sequence[int]):
+        self.off = [m == 0 or n == 0 for m, n in zip(multiplier, last_n)]
+        self.allowed = [int(a) for a in allowed]
+        self.last_n = [int(n) for n in last_n]
+        rows = len(self.allowed)
+        self.uniform = all(len(set(values)) == 1 for values in (multiplier, base, allowed, last_n))
+        self._values = ([float(m) for m in multiplier], [float(b) for b in base], list(caps))
+        self.host = self.host_rows(list(range(rows)), [0] * rows)
+
+    def window(self, row: int, length: int) -> int:
+        """The row's window for `length` tokens of `input_ids` (0: off)."""
+        last_n = self.last_n[row]
+        return 0 if self.off[row] else length if last_n == -1 else min(last_n, length)
+
+    def host_rows(self, chosen: list[int], start: list[int]) -> HostRows:
+        """The chosen rows' `HostRows`, their windows beginning at `start`."""
+        multiplier, base, caps = self._values
+        return HostRows(np.array(start, dtype=np.int64),
+                        [multiplier[row] for row in chosen], [base[row] for row in chosen],
+                        np.array([self.allowed[row] for row in chosen], dtype=np.int64),
+                        np.array([caps[row] for row in chosen], dtype=np.int64))
 
 
 def _signed(value: int) -> int:

@@ -91,7 +91,7 @@ def dry_batches(draw):
                 allowed=value([1, 2, 3, 4]), last_n=value([-1, 0, 1, 3, 8, 20, 100]))
 
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
 def rows_of(vocab):

@@ -98,6 +98,26 @@ def test_explain_step_records_the_token_sample_step_returns(fast, generators):
     assert recorded == returned.tolist()
 
 
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("per_row", [dict(temperature=[0.7, 1.0, 0.7, 1.3]),  # one fast draw on CPU: coins as recorded
+                                     dict(top_p=[0.9, 0.95, 0.9, 0.95]),  # the same
+                                     dict(min_p=[0.05, 0.1, 0.05, 0.1]), dict(xtc_threshold=[0.05, 0.1, 0.1, 0.05])])
+def test_explain_step_with_xtc_records_the_token_or_refuses(fast, per_row):
+    options = dict(temperature=0.8, xtc_threshold=0.05, xtc_probability=0.5, top_k=0, fast=fast)
+    options.update(per_row)
+    # groups drawn one after another, each after its own coins
+    splits = fast and ("min_p" in per_row or "xtc_threshold" in per_row)
+    for seed in range(12):
+        x, ids = logits(4, seed=seed), ids_of(4)
+        returned = sample_step(x, ids, generator=G(seed), **options).tolist()
+        for row in range(4):
+            if splits:
+                with pytest.raises(NotImplementedError, match="XTC draws its coins group by group"):
+                    explain_step(x, ids, row=row, generator=G(seed), **options)
+            else:
+                assert explain_step(x, ids, row=row, generator=G(seed), **options).token == returned[row]
+
+
 def test_per_row_temperature_reaches_dynamic_temperature():
     x = logits(2)
     got = Sampler(temperature=[0.5, 1.5], dynatemp_range=0.3).process(ids_of(2), x.clone())

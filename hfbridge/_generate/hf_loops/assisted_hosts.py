@@ -44,8 +44,8 @@ from hfbridge._hf.contracts import check_crop_amount, check_cropped, check_hande
 from hfbridge._hf.host import AssistantStandIn, fresh_config
 from hfbridge._hf.loops import candidate_generator, is_prompt_lookup, prepare_prompt_lookup
 from hfbridge._hf.outputs import decoder_output, model_output
-from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
-from hfbridge._models.callables import checked_state
+from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.callables import AdapterTypeError, checked_state
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits

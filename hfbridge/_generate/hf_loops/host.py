@@ -36,8 +36,8 @@ from hfbridge._hf import names
 from hfbridge._hf.contracts import TransformersContractError, check_reordered
 from hfbridge._hf.host import ProcessorHost, fresh_config
 from hfbridge._hf.outputs import model_output
-from hfbridge._models.adapters import AdapterTypeError, ModelAdapter
-from hfbridge._models.callables import checked_state
+from hfbridge._models.adapters import ModelAdapter
+from hfbridge._models.callables import AdapterTypeError, checked_state
 from hfbridge._step.layout import Layout
 from hfbridge._step.processor_list import BadProcessorOutput
 from hfbridge._step.sampler import Sampler, extract_logits

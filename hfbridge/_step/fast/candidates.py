@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from hfbridge._step.fast.top_p.floor_candidates import candidates_above, next_floor
-from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
+from hfbridge._step.fast.top_p.mask import TopP, removal_cut, survives, top_p_rows
 
 __all__ = ["TopPTry", "Total", "block_topk", "candidates_cannot_hold", "certified_total", "proved_last",
            "top_blocks", "top_candidates", "top_p_candidates", "top_p_count"]
@@ -181,8 +181,8 @@ def _sizes(vocab: int, last: int | None) -> list[int]:
     return [fit, sizes[-1]] if fit < sizes[-1] else sizes[-1:]
 
 
-def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
-                     memo: dict | None = None, total: Total | None = None) -> TopPTry | None:
+def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least: int,
+                     memo: dict | None = None, total: Total | None = None, *, partial: bool = False) -> TopPTry | None:
     """HF's top-p cut among the best-scoring candidates, and whether a check proves they hold it.
 
     Tries 64, then 512 candidates (CPU eager: each try reads one flag). With a `memo` kept between
@@ -195,9 +195,13 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
     Args:
         scores: `(batch, vocab)` float32 scores, temperature applied.
         probs: `(batch, vocab)` their softmax.
-        top_p, at_least: `TopPLogitsWarper`'s `top_p` and `min_tokens_to_keep`.
+        top_p, at_least: `TopPLogitsWarper`'s `top_p` (or `(batch, 1)` float64, one per row) and
+            `min_tokens_to_keep`.
         memo: A dict kept by the caller between steps, or None.
         total: `certified_total(probs)` when the caller has it. Default: computed here if needed.
+        partial: The caller draws with a check where the candidates do not hold the cut
+            (`draw_then_check.py`): the floor's candidates are enough when they hold the cut of
+            three rows in four (rows of distinct values, some keeping thousands of tokens).
 
     Returns:
         The last try (`TopPTry`): `proved` when the candidates hold the cut in every row. None
@@ -218,9 +222,14 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
             kept = _count_with_total(probs, picked, total, top_p, at_least)
             # A padded row holds its cut only if no padding is kept: `decided` compares with -inf.
             floor_try = TopPTry(ids, cand, picked, kept, False, total)
-            if bool(floor_try.decided().all()):
-                memo["kept"], memo["floor"] = int(kept.max()), next_floor(cand, kept)
+            decided = floor_try.decided()  # [N, 1]
+            if bool(decided.all()):
+                memo["kept"], memo["floor"], memo["mostly"] = int(kept.max()), next_floor(cand, kept), True
                 return floor_try._replace(proved=True)
+            if partial and 4 * int(decided.sum()) >= 3 * decided.shape[0]:
+                memo["kept"], memo["floor"], memo["mostly"] = int(kept.max()), next_floor(cand, kept), True
+                return floor_try
+    memo.pop("mostly", None)
     last_try = None
     for k in _sizes(vocab, memo.get("kept")):
         k = min(k, vocab)
@@ -241,21 +250,27 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at
             return last_try._replace(proved=True)
         # A larger try can only succeed if its extra tokens, none above the k-th, could reach top_p.
         reach = picked.double().sum(dim=-1) + (_CANDIDATES[-1] - k) * picked[:, -1].double()
-        if k == vocab or not bool((reach > top_p).all()):
+        if k == vocab or not bool((reach[:, None] > top_p).all()):
             break
     memo["kept"] = None if last_try is None else _CANDIDATES[-1] + 1  # next step: skip the small try
+    if partial and last_try is not None:  # next step: the floor under each row's count, most rows decided by it
+        memo["floor"] = next_floor(last_try.cand, last_try.kept)
     return last_try
 
 
 def proved_last(memo: dict | None) -> bool:
-    """Whether the last step's candidates (`top_p_candidates` with this `memo`) held every row's cut."""
+    """Whether the last step's candidates (`top_p_candidates` with this `memo`) held every row's cut,
+    or the floor's candidates that of most rows (`partial`)."""
     last = None if memo is None else memo.get("kept")
-    return last is not None and last <= _CANDIDATES[-1]
+    return last is not None and (last <= _CANDIDATES[-1] or bool(memo and memo.get("mostly")))
 
 
-def candidates_cannot_hold(total: Total, top_p: float, vocab: int) -> bool:
-    """True when the largest candidate set `top_p_candidates` would try provably leaves some row's
-    cut outside: trying it is wasted (whatever the memo says, as every smaller set fails then too).
+def candidates_cannot_hold(total: Total, top_p: TopP, vocab: int, share: float = 0.0) -> bool:
+    """True when the largest candidate set `top_p_candidates` would try provably leaves the cut of
+    more than `share` of the rows (default: of some row) outside: trying it is wasted for those rows
+    (whatever the memo says, as every smaller set fails then too). With a larger `share`, the
+    candidates are still tried when most rows may be decided by them (a batch of rows with distinct
+    values: the draw then checks the tokens of the other rows only).
 
     A row's cut lies among its best `k` tokens only if those hold more than `total - cut` (the
     tokens below them add up to at most the removed mass, `cut = 1 - top_p` in float32). They lie
@@ -271,7 +286,7 @@ def candidates_cannot_hold(total: Total, top_p: float, vocab: int) -> bool:
     k = max(k for k in _CANDIDATES if k == _CANDIDATES[0] or 8 * k <= vocab)
     if k >= vocab:
         return False
-    cut, _ = rounds_at_most(float32(1.0 - top_p))
+    cut, _ = removal_cut(top_p)  # one, or [N, 1]
     approx, slack, partial = total
     needed = approx - slack - cut - 1e-6  # [N, 1] float64; 1e-6: room for float64 rounding
     theta = (needed / (10 * k)).clamp_(min=0).float()  # [N, 1]
@@ -279,7 +294,7 @@ def candidates_cannot_hold(total: Total, top_p: float, vocab: int) -> bool:
     # The exact partial sums exceed the float32 ones by at most `slack` in all, and each float32
     # difference `partial - theta` is below the exact one by at most a relative 2**-24.
     bound = excess * (1 + 2.0**-22) + slack + k * theta.double()  # [N, 1]
-    return bool((bound < needed).any())
+    return bool((bound < needed).sum() > share * bound.shape[0])
 
 
 _BLOCK = 16  # probabilities per float32 partial sum in `certified_total`
@@ -319,35 +334,46 @@ def certified_total(probs: torch.Tensor) -> Total:
     return Total(total, total * _SLACK + 1e-30, partial)
 
 
-def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, top_p: float,
+def _count_with_total(probs: torch.Tensor, picked: torch.Tensor, total: Total, top_p: TopP,
                       at_least: int) -> torch.Tensor:
     """`top_p_count` of the candidates `picked` with the mass below them taken from a certified
     total: the count at both ends of the total's interval, and the exact float64 total (summed as
     HF's cumsum accumulates) for the rows where the two differ."""
     approx, slack, _ = total
     mass = picked.double().sum(dim=-1, keepdim=True)  # [N, 1]
-    low = top_p_count(picked, (approx - slack - mass).clamp_(min=0), top_p, at_least)
-    high = top_p_count(picked, (approx + slack - mass).clamp_(min=0), top_p, at_least)
+    tail = _tail(picked)  # [N, K] the running sums, computed once for every count below
+    cut = removal_cut(top_p)
+    low = _count(tail, (approx - slack - mass).clamp_(min=0), cut, at_least)
+    high = _count(tail, (approx + slack - mass).clamp_(min=0), cut, at_least)
     open_ = (low != high).squeeze(1)  # [N] bool; the count grows with the mass below the candidates
     if bool(open_.any()):
         rows = open_.nonzero().squeeze(1)
         exact = probs[rows].sum(dim=-1, keepdim=True, dtype=torch.float64)
-        low[rows] = top_p_count(picked[rows], (exact - mass[rows]).clamp_(min=0), top_p, at_least)
+        low[rows] = top_p_count(picked[rows], (exact - mass[rows]).clamp_(min=0), top_p_rows(top_p, rows), at_least)
     return low
 
 
-def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: float, at_least: int) -> torch.Tensor:
+def top_p_count(probs: torch.Tensor, rest: torch.Tensor, top_p: TopP, at_least: int) -> torch.Tensor:
     """`(batch, 1)` how many of the `probs` (in descending score order) HF's top-p keeps.
 
     HF's cumulative probability at position j is the mass at or below it: `rest` (float64, the
     tokens below every candidate) plus `probs[j:]`, summed from the smallest up as HF's ascending
     `cumsum` does, so that a tail of tiny probabilities keeps its precision. A position is kept if
-    that, rounded to float32, is `> 1 - top_p`; the first `at_least` always are.
+    that, rounded to float32, is `> 1 - top_p`; the first `at_least` always are. `top_p`: one, or
+    `(batch, 1)` float64, one per row.
 
     >>> top_p_count(torch.tensor([[0.5, 0.3, 0.2]]), torch.zeros(1, 1, dtype=torch.float64), 0.7, 1).tolist()
     [[2]]
     """
-    cumulative = probs.double().flip(-1).cumsum(dim=-1).flip(-1) + rest  # [N, K]
-    cut, inclusive = rounds_at_most(float32(1.0 - top_p))
-    kept = (cumulative > cut if inclusive else cumulative >= cut).sum(dim=-1, keepdim=True)
-    return kept.clamp_(min=min(at_least, probs.shape[-1]))
+    return _count(_tail(probs), rest, removal_cut(top_p), at_least)
+
+
+def _tail(probs: torch.Tensor) -> torch.Tensor:
+    """`(batch, K)` float64: the mass at or below each position, summed from the smallest up."""
+    return probs.double().flip(-1).cumsum(dim=-1).flip(-1)
+
+
+def _count(tail: torch.Tensor, rest: torch.Tensor, cut: tuple, at_least: int) -> torch.Tensor:
+    """`top_p_count` from `_tail`'s running sums and `removal_cut`'s `(cut, inclusive)`."""
+    kept = survives(tail + rest, *cut).sum(dim=-1, keepdim=True)  # [N, 1]
+    return kept.clamp_(min=min(at_least, tail.shape[-1]))

@@ -4,6 +4,8 @@
 kernels that keep the tokens HF's keep; any other processor is called through HF unchanged, in its
 place. Known processors are matched by exact type (a subclass that overrides `__call__` goes
 through HF), and their parameters (`filter_value`, `min_tokens_to_keep`, ...) are read from them.
+The other processors get a private copy of the scores, which they may write into (`owned_scores()`);
+hfbridge's penalties, which return a new tensor anyway, get borrowed scores as they are.
 What a filter decides is kept pending in a `FastState` (`state.py`), as one tagged value
 (`pending.py`), and written into the scores only if something reads them. Which top-p route runs
 is decided in one place, `top_p/route_table.py`. The processors it knows:
@@ -23,7 +25,9 @@ is decided in one place, `top_p/route_table.py`. The processors it knows:
   (`_step/fast/top_p/draw_then_check.py`; candidates that a bound shows cannot hold the cut are not even tried).
   Scores that something reads (`fast_scores`, a later processor, an error message) get the cut
   from a sorted compaction or a radix select over the bits of the probabilities.
-- `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw.
+- `MinPLogitsWarper`: HF's own arithmetic; its softmax is reused for the draw. After a top-k (or a
+  top-p after it) that left candidates, on those only when rounding cannot change a decision
+  (`_step/fast/min_p_candidates.py`): no pass over the vocabulary after the top-k.
 
 A single row on CPU (batch 1) finds the top-p cut in `_step/fast/one_row.py` instead, on NumPy views (torch's
 fixed cost per op would outweigh the data): a compaction of the tokens above a bound, or a
@@ -87,17 +91,23 @@ from transformers import (
 
 from hfbridge._step.cpu_shortcuts import cpu_shortcuts
 from hfbridge._step.fast.candidates import top_candidates
+from hfbridge._step.fast.min_p_candidates import min_p_among
+from hfbridge._step.fast.one_row import one_row_top_k
 from hfbridge._step.fast.pending import Candidates, Mask
 from hfbridge._step.fast.state import FastState
 from hfbridge._step.fast.top_p.mask import top_p_mask
 from hfbridge._step.fast.top_p.route_table import top_p_plan
-from hfbridge._step.fast.weighted_draw import draw
+from hfbridge._step.fast.weighted_draw import draw, host_view
 from hfbridge._step.processor_list import check_processor_output
+from hfbridge.processors import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors._host import owned_scores
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
 
 _NEG_INF = float("-inf")
+# hfbridge's processors that return a new tensor whenever they change the scores (their out-of-place
+# scatter is a copy) and leave the scores they get untouched outside `owned_scores()`
+_COPYING = frozenset({PresenceFrequencyPenaltyLogitsProcessor})
 
 
 def fast_scores(input_ids: torch.Tensor | None, scores: torch.Tensor,
@@ -226,6 +236,8 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
         elif kind is TopPLogitsWarper:
             _top_p(state, processor, candidates, memo)
         elif kind is MinPLogitsWarper:
+            if candidates and _min_p_on_candidates(state, processor):
+                continue
             probs = torch.softmax(state.current(), dim=-1)  # bit for bit HF's probs
             # HF's comparison, negated (not `>=`): a NaN row keeps its NaN, as in HF
             keep = (probs < processor.min_p * probs.amax(dim=-1, keepdim=True)).logical_not_()
@@ -233,6 +245,13 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
                 k = min(processor.min_tokens_to_keep, probs.shape[-1])
                 keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
             state.filtered(processor.filter_value, Mask(keep, probs))
+        elif kind in _COPYING and not state.owned and state.pending is None and state.temperature is None:
+            # Borrowed scores go to it as they are: it leaves them untouched and returns its own
+            # tensor, which becomes the private copy (a copy made here first would be a second one).
+            lent = state.scores
+            output = processor(input_ids, lent)
+            state.scores = check_processor_output(processor, lent, output, index=index)
+            state.owned = output is not lent  # the borrowed tensor itself when it had nothing to do
         else:
             scores = state.materialize()  # a private tensor: the processor may write into it
             with owned_scores():
@@ -253,16 +272,39 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
         # The k best are all that survive unless the (k+1)-th ties with the k-th (HF keeps ties).
         # Dividing by a positive temperature keeps the order, so the candidates of the undivided
         # scores are HF's, and dividing just them gives HF's values bit for bit.
-        cand, ids = top_candidates(state.scores, k + 1)  # [N, k+1]
+        one_row = one_row_top_k(state.scores, k + 1) if state.scores.shape[0] == 1 else None  # NumPy views
+        cand, ids = top_candidates(state.scores, k + 1) if one_row is None else one_row  # [N, k+1]
         if state.temperature is not None:
             cand = cand / state.temperature
-        if bool((cand[:, k - 1] > cand[:, k]).all()):
+        if _strictly_above(cand, k):
             keep = torch.ones_like(ids[:, :k], dtype=torch.bool)
             state.filtered(processor.filter_value, Candidates(ids[:, :k], cand[:, :k], keep, all_kept=True))
             return
     scores = state.divided()
     kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # [N, 1], as HF
     state.filtered(processor.filter_value, Mask((scores < kth).logical_not_()))  # HF's test: NaN stays
+
+
+def _strictly_above(cand: torch.Tensor, k: int) -> bool:
+    """Whether every row's k-th candidate is above its (k+1)-th (then no tie crosses HF's threshold);
+    a single row is read on a NumPy view."""
+    if cand.shape[0] == 1:
+        row = host_view(cand)[0]
+        return bool(row[k - 1] > row[k])
+    return bool((cand[:, k - 1] > cand[:, k]).all())
+
+
+def _min_p_on_candidates(state: FastState, processor: MinPLogitsWarper) -> bool:
+    """HF's min-p decided on the candidates a top-k (or top-p) left, when it can be: True if done."""
+    pending = state.pending
+    if (not isinstance(pending, Candidates) or state.filter_value != _NEG_INF
+            or processor.filter_value != _NEG_INF or processor.min_tokens_to_keep != 1):
+        return False
+    decided = min_p_among(pending, processor.min_p)
+    if decided is None:
+        return False
+    state.filtered(processor.filter_value, decided)
+    return True
 
 
 def _top_p(state: FastState, processor: TopPLogitsWarper, candidates: bool, memo: dict | None) -> None:

@@ -1,4 +1,5 @@
-"""HF's top-p cut for a single row on CPU, from one histogram of the probabilities' exponents.
+"""HF's top-p cut for a single row on CPU, from one histogram of the probabilities' exponents (and
+the row's top-k, `one_row_top_k`).
 
 With one row (batch 1, the common case of local generation) the data is small (a 32000-token
 row is 128 KB) and the fixed cost of each torch op on CPU sets the time, not the
@@ -44,7 +45,7 @@ import torch
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
 from hfbridge._step.fast.weighted_draw import host_view
 
-__all__ = ["MAX_SORTED", "one_row_kept", "one_row_top_p"]
+__all__ = ["MAX_SORTED", "one_row_kept", "one_row_top_k", "one_row_top_p"]
 
 MAX_SORTED = 4096  # tokens sorted at most; a row with more at the cut goes to the general routes
 _EXPONENT_SHIFT = 23  # float32: 23 mantissa bits below the exponent field
@@ -78,6 +79,42 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
     ids, cand = found
     return (torch.from_numpy(ids[None]), torch.from_numpy(cand[None]),
             torch.from_numpy(np.ones((1, ids.shape[0]), dtype=np.bool_)))
+
+
+_GROUPS = 64  # `one_row_top_k`: tokens per group, one V/64-th of the row apart
+
+
+def one_row_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The `k` largest scores of a one-row CPU batch, descending (equal scores by ascending id), and
+    their ids, each `(1, k)` (`top_candidates`' answer), on NumPy views; None to decline.
+
+    Groups of 64 tokens, one 64th of the row apart (the maximum reduces an outer axis: one vectorised
+    pass), and the tail past the last whole group; `tau`, the k-th largest group maximum: those k
+    groups hold k scores `>= tau`, so the k best are all `>= tau`, and only those few are sorted.
+    Declines a row with NaN (torch's top-k ranks it first), a non-contiguous row, fewer than k
+    groups, or more than `MAX_SORTED` scores `>= tau`.
+
+    >>> cand, ids = one_row_top_k(torch.arange(4096.0)[None].flip(-1), 3)
+    >>> cand.tolist(), ids.tolist()
+    ([[4095.0, 4094.0, 4093.0]], [[0, 1, 2]])
+    """
+    vocab = scores.shape[-1]
+    full = vocab - vocab % _GROUPS
+    if scores.shape[0] != 1 or not scores.is_contiguous() or full // _GROUPS < k:
+        return None
+    row = host_view(scores)[0]  # [V] float32, a view
+    maxima = row[:full].reshape(_GROUPS, -1).max(axis=0)  # [V/64]: group g holds g, g + V/64, ...
+    if full < vocab:
+        maxima = np.append(maxima, row[full:].max())
+    if np.isnan(maxima).any():
+        return None
+    tau = np.partition(maxima, maxima.shape[0] - k)[maxima.shape[0] - k]
+    ids = np.flatnonzero(row >= tau)  # [M] ascending, M >= k
+    if ids.shape[0] > MAX_SORTED:
+        return None
+    values = row[ids]
+    order = np.argsort(-values, kind="stable")[:k]  # descending; equal scores keep id order
+    return torch.from_numpy(values[order][None]), torch.from_numpy(ids[order][None])
 
 
 def one_row_kept(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,

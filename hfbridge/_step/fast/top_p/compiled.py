@@ -27,7 +27,7 @@ import torch
 from hfbridge._step.fast.candidates import block_topk, top_p_count
 from hfbridge._step.fast.ordered_topk import ordered_topk
 from hfbridge._step.fast.top_p.mask import _CHUNK as _TOP_P_CHUNK
-from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
+from hfbridge._step.fast.top_p.mask import TopP, removal_cut, survives, top_p_mask, top_p_rows
 from hfbridge._step.fast.weighted_draw import draw_checked, pick
 
 __all__ = ["CANDIDATES", "FixedTopP", "block_topk", "candidate_cut", "fixed_top_p", "top_p_keep"]
@@ -39,7 +39,7 @@ CANDIDATES = 512  # candidates per row (the best scores) tried before the radix 
 Route = Literal["auto", "cond", "candidates", "radix", "both"]
 
 
-def top_p_keep(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int, *,
+def top_p_keep(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least: int, *,
                route: Route = "auto", k: int = CANDIDATES) -> torch.Tensor:
     """`(batch, vocab)` bool, the tokens HF's `TopPLogitsWarper(top_p, at_least)` keeps; fixed shapes.
 
@@ -80,7 +80,7 @@ def top_p_keep(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least
     return torch.cond(holds.all(), from_candidates, from_radix, (probs, scores, ids, keep))
 
 
-def _radix(probs: torch.Tensor, scores: torch.Tensor, top_p: float, at_least: int) -> torch.Tensor:
+def _radix(probs: torch.Tensor, scores: torch.Tensor, top_p: TopP, at_least: int) -> torch.Tensor:
     """`top_p_mask` over the whole rows, a chunk of rows at a time as it chunks them itself; the
     chunks are joined as uint8: inductor's CPU code for joining them as bool does not compile
     (torch 2.13: a vectorised int mask meets a float mask)."""
@@ -88,12 +88,12 @@ def _radix(probs: torch.Tensor, scores: torch.Tensor, top_p: float, at_least: in
     rows = max(1, _TOP_P_CHUNK // max(vocab, 1))
     if rows >= n:
         return top_p_mask(probs, top_p, at_least, scores=scores)
-    parts = [top_p_mask(probs[start:start + rows], top_p, at_least, scores=scores[start:start + rows])
-             for start in range(0, n, rows)]
+    parts = [top_p_mask(probs[start:start + rows], top_p_rows(top_p, slice(start, start + rows)), at_least,
+                        scores=scores[start:start + rows]) for start in range(0, n, rows)]
     return torch.cat([part.to(torch.uint8) for part in parts]).bool()
 
 
-def candidate_cut(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
+def candidate_cut(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least: int,
                   k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """HF's top-p cut among the `k` best scores of each row, and whether it is provably HF's.
 
@@ -108,7 +108,7 @@ def candidate_cut(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
     return ids, keep, holds
 
 
-def _cut(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
+def _cut(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least: int,
          k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`candidate_cut`, with the candidates' scores: `(ids, cand, keep, holds)`."""
     vocab = scores.shape[-1]
@@ -138,7 +138,7 @@ class FixedTopP(NamedTuple):
     cand: torch.Tensor  # [N, K] float32 their scores
     keep: torch.Tensor  # [N, K] bool which of them survive
     holds: torch.Tensor  # [N, 1] bool the row's cut lies among its candidates
-    top_p: float
+    top_p: TopP  # one, or `(batch, 1)` float64: one per row
     at_least: int
 
     def draw(self, generator: torch.Generator | None = None, *, route: Route = "cond"
@@ -211,7 +211,7 @@ class FixedTopP(NamedTuple):
         return torch.cond(self.holds.all(), from_candidates, from_rows, operands)
 
 
-def fixed_top_p(scores: torch.Tensor, top_p: float, at_least: int, k: int = CANDIDATES) -> FixedTopP:
+def fixed_top_p(scores: torch.Tensor, top_p: TopP, at_least: int, k: int = CANDIDATES) -> FixedTopP:
     """HF's top-p cut among `k` candidates per row, with each row's flag: whether they hold it.
 
     `candidate_cut` in two reads of the row (the block maxima, then one pass for the softmax's
@@ -250,11 +250,11 @@ def fixed_top_p(scores: torch.Tensor, top_p: float, at_least: int, k: int = CAND
         # `top_p_count` at both ends of the interval, its running sums computed once
         tail = picked.double().flip(-1).cumsum(dim=-1).flip(-1)  # [N, K] mass at or below each candidate
         mass = tail[:, :1]  # [N, 1] the candidates' mass
-        cut, inclusive = rounds_at_most(float32(1.0 - top_p))
+        cut, inclusive = removal_cut(top_p)
 
         def count(rest: torch.Tensor) -> torch.Tensor:
             cumulative = tail + rest.clamp_(min=0)
-            kept = (cumulative > cut if inclusive else cumulative >= cut).sum(dim=-1, keepdim=True)
+            kept = survives(cumulative, cut, inclusive).sum(dim=-1, keepdim=True)
             return kept.clamp_(min=min(at_least, k))
 
         kept, high = count(total - slack - mass), count(total + slack - mass)  # [N, 1] each

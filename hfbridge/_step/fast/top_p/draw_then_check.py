@@ -7,12 +7,14 @@ tokens HF keeps. `draw_top_p` draws from the whole softmax and accepts the token
 else draws that row again (rejection sampling: the accepted token has exactly the restricted
 distribution; about `1 / top_p` draws per row on average).
 
-Whether HF keeps a token: where candidates were tried (`TopPTry`), the best-scoring ones that
-surely survive are accepted at once, and where a row's candidates decide its cut, every other
-token is refused. Any other token is checked exactly (`kept_exactly`): HF's running sum at its
-place in the ascending order is the mass of the lower scores plus its own tie group, compared with
-`1 - top_p` as `top_p_count` does. The check runs on NumPy views of the row: a NumPy comparison
-costs a tenth of torch's on CPU, so checking every draw costs about two reads of the logits in all.
+Whether HF keeps a token: where candidates were tried (`TopPTry`), a row whose candidates decide
+its cut draws among its kept candidates, as the candidates' route does (a batch of rows with
+distinct top-p or temperatures, some keeping thousands of tokens and most a few hundred, checks
+the former only); the best-scoring candidates that surely survive are accepted at once. Any other
+token is checked exactly (`kept_exactly`): HF's running sum at its place in the ascending order is
+the mass of the lower scores plus its own tie group, compared with `1 - top_p` as `top_p_count` does.
+The check runs on NumPy views of the row: a NumPy comparison costs a tenth of torch's on CPU, so
+checking every draw costs about two reads of the logits in all.
 
 `top_p_route` chooses between the routes: candidates that prove the cut, or the draw (skipping
 the candidates when a bound from the partial sums shows that they cannot hold it), or neither.
@@ -45,7 +47,7 @@ from hfbridge._step.fast.candidates import (
     proved_last,
     top_p_candidates,
 )
-from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
+from hfbridge._step.fast.top_p.mask import TopP, removal_cut, smallest_top_p, top_p_mask, top_p_rows
 from hfbridge._step.fast.weighted_draw import draw, pick
 
 __all__ = ["TopPDraw", "draw_top_p", "kept_exactly", "top_p_route"]
@@ -55,40 +57,45 @@ _MIN_TOP_P = 0.5  # below, rows draw again too often (about 1 / top_p draws per 
 _BLOCK = 16  # probabilities per float32 partial sum in `kept_exactly` (as in `certified_total`)
 _SLACK = 16 * 2.0**-24  # its relative error bound, with room for the float64 sum (`_step/fast/candidates.py`)
 _GROUP = 32  # partial sums per group in `_draw_by_partial_sums`
+# Candidates are skipped when they provably miss the cut of more than this share of the rows: below it,
+# the rows they decide draw with no check (one exact check over the row costs about what a try costs).
+_HOPELESS_SHARE = 0.25
 
 
 class TopPDraw(NamedTuple):
     """A top-p left to the draw (`draw_top_p`): what `top_p_route` found, and the warper's options."""
 
     tried: TopPTry | None  # the candidates tried (None: skipped, they could not hold the cut)
-    top_p: float
+    top_p: TopP  # one, or `(batch, 1)` float64: one per row
     at_least: int  # `min_tokens_to_keep`
     total: Total  # `certified_total(probs)`
 
 
-def top_p_route(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
+def top_p_route(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_least: int,
                 memo: dict | None = None) -> TopPTry | TopPDraw | None:
     """How the fast path samples HF's top-p on CPU: the candidates' cut, the draw, or neither.
 
     Args:
         scores: `(batch, vocab)` float32 scores, temperature applied.
         probs: `(batch, vocab)` their softmax.
-        top_p, at_least: `TopPLogitsWarper`'s `top_p` and `min_tokens_to_keep`.
+        top_p, at_least: `TopPLogitsWarper`'s `top_p` (or `(batch, 1)` float64, one per row) and
+            `min_tokens_to_keep`.
         memo: As in `top_p_candidates`.
 
     Returns:
         A proved `TopPTry` (the candidates hold every row's cut); a `TopPDraw` when the draw can
         check its tokens (`top_p >= 0.5`, every row has a distribution, and `min_tokens_to_keep`
         is 1 or within the candidates that surely survive); else None: find the cut over the row.
-        Either way the tokens are those of trying every candidate size: the draw does not depend on
-        the candidates, which are skipped only where they provably fail.
+        Either way the tokens follow HF's distribution: candidates are skipped where they provably
+        fail for more than a quarter of the rows (one bound), and the rows they decide draw among them.
     """
     total = certified_total(probs)
     # The bound costs about half a read of the logits: tried when the last step's candidates failed.
     if (at_least == 1 and _drawable(top_p, at_least, total, None) and not proved_last(memo)
-            and candidates_cannot_hold(total, top_p, probs.shape[-1])):
+            and candidates_cannot_hold(total, top_p, probs.shape[-1], _HOPELESS_SHARE)):
         return TopPDraw(None, top_p, at_least, total)
-    tried = top_p_candidates(scores, probs, top_p, at_least, memo, total)
+    tried = top_p_candidates(scores, probs, top_p, at_least, memo, total,
+                             partial=at_least == 1 and _drawable(top_p, at_least, total, None))
     if tried is None or tried.proved:
         return tried
     if _drawable(top_p, at_least, total, tried):
@@ -96,16 +103,16 @@ def top_p_route(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_leas
     return None
 
 
-def _drawable(top_p: float, at_least: int, total: Total, tried: TopPTry | None) -> bool:
+def _drawable(top_p: TopP, at_least: int, total: Total, tried: TopPTry | None) -> bool:
     """When `draw_top_p` applies: `top_p >= 0.5` (below, rows draw again too often), every row has a
     distribution (a row with NaN, +inf or only -inf scores has a NaN softmax, and total), and
     `min_tokens_to_keep` is 1 or within the candidates that surely survive."""
-    if top_p < _MIN_TOP_P or not bool((total.approx > 0).all()):
+    if smallest_top_p(top_p) < _MIN_TOP_P or not bool((total.approx > 0).all()):
         return False
     return at_least == 1 or (tried is not None and bool((tried.surely_kept().sum(dim=-1) >= at_least).all()))
 
 
-def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None, top_p: float, at_least: int,
+def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None, top_p: TopP, at_least: int,
                generator: torch.Generator | None = None, *,
                total: Total | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """One token per row from HF's top-p distribution, by rejection; None where it does not apply.
@@ -114,7 +121,8 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
         scores: `(batch, vocab)` float32 scores, temperature applied (they order HF's sort).
         probs: `(batch, vocab)` their softmax.
         tried: The candidates `top_p_candidates` tried last (the best scores of each row), or None.
-        top_p, at_least: `TopPLogitsWarper`'s `top_p` and `min_tokens_to_keep`.
+        top_p, at_least: `TopPLogitsWarper`'s `top_p` (or `(batch, 1)` float64, one per row) and
+            `min_tokens_to_keep`.
         generator: Seeds the draws. Default: torch's global generator.
         total: `certified_total(probs)`, if known.
 
@@ -129,14 +137,26 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
     # With at_least == 1 nothing needs the candidates: the best token's running sum is the total.
     if not _drawable(top_p, at_least, total, tried):
         return None
+    decided = None if tried is None else tried.decided().squeeze(1)  # [N] rows whose candidates hold the cut
+    rows = torch.arange(n, device=probs.device)
+    if tried is not None and decided is not None and bool(decided.any()):
+        # Rows whose candidates hold the cut draw among their kept candidates, as a proved try draws;
+        # only the others draw from the whole softmax and check their token.
+        weights = (tried.cand - tried.cand[:, :1]).exp_().masked_fill_(~tried.keep(), 0.0)  # [N, K]
+        tokens = tried.ids.gather(1, pick(weights, generator)[0][:, None]).squeeze(1)  # [N]
+        rows = rows[~decided]
+        if rows.numel() == 0:
+            return tokens, torch.ones(n, dtype=torch.bool, device=probs.device)
+        tokens[rows] = _draw_by_partial_sums(probs, total.partial, rows, generator)
+    else:
+        tokens = _draw_by_partial_sums(probs, total.partial, None, generator)  # [N]
     surely = None if tried is None else tried.surely_kept()  # [N, K]
-    cut, inclusive = rounds_at_most(float32(1.0 - top_p))
+    cut, inclusive = removal_cut(top_p)
+    cuts = [cut] * n if isinstance(cut, float) else cut[:, 0].tolist()  # per row (CPU: no device read)
+    inclusives = [inclusive] * n if isinstance(inclusive, bool) else inclusive[:, 0].tolist()
     scores_np, probs_np = scores.numpy(force=True), probs.numpy(force=True)  # views of CPU tensors
     work = (np.empty(vocab, bool), np.empty(vocab, np.float32))  # the checks' scratch rows
     refused_below = [-math.inf] * n  # per row, the highest score refused so far: every lower one is too
-    tokens = _draw_by_partial_sums(probs, total.partial, None, generator)  # [N]
-    decided = None if tried is None else tried.decided().squeeze(1)  # [N] rows whose candidates hold the cut
-    rows = torch.arange(n, device=probs.device)
     for _ in range(_ROUNDS):
         token = tokens[rows]  # [R]
         if tried is None or surely is None or decided is None:
@@ -149,7 +169,7 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
             if check[i]:
                 score = float(scores_np[row, t])
                 if score >= refused_below[row]:
-                    accept[i] = kept_exactly(scores_np[row], probs_np[row], t, cut, inclusive, work)
+                    accept[i] = kept_exactly(scores_np[row], probs_np[row], t, cuts[row], inclusives[row], work)
                 if not accept[i]:
                     refused_below[row] = max(refused_below[row], score)
         rows = rows[~torch.tensor(accept, dtype=torch.bool, device=rows.device)]
@@ -157,7 +177,7 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
             return tokens, torch.ones(n, dtype=torch.bool, device=probs.device)
         tokens[rows] = _draw_by_partial_sums(probs, total.partial, rows, generator)
     # Rows refused this often keep little mass in reach: find their cut over the whole row.
-    keep = top_p_mask(probs[rows], top_p, at_least, scores=scores[rows], branch=True)
+    keep = top_p_mask(probs[rows], top_p_rows(top_p, rows), at_least, scores=scores[rows], branch=True)
     tokens[rows] = draw(probs[rows].masked_fill_(~keep, 0.0), generator)
     return tokens, torch.ones(n, dtype=torch.bool, device=probs.device)
 
@@ -198,11 +218,11 @@ def kept_exactly(scores: np.ndarray, probs: np.ndarray, token: int, cut: float, 
     Args:
         scores, probs: `(vocab,)` float32 NumPy arrays (read only).
         token: The token id.
-        cut, inclusive: `rounds_at_most(float32(1 - top_p))`.
+        cut, inclusive: `removal_cut(top_p)` (the row's own, for a per-row top-p).
         work: `(vocab,)` bool and float32 arrays to write into, reused between checks (a fresh
             array of that size costs its page faults every time). Default: new ones.
 
-    >>> cut, inclusive = rounds_at_most(float32(1 - 0.7))
+    >>> cut, inclusive = removal_cut(0.7)
     >>> p = np.array([0.5, 0.2, 0.3], dtype=np.float32)
     >>> [kept_exactly(np.log(p), p, t, cut, inclusive) for t in range(3)]
     [True, False, True]

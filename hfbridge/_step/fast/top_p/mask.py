@@ -9,6 +9,11 @@ sort does. (`_step/fast/candidates.py` finds the same cut among the best-scoring
 
 Only exactly equal scores are left in an order HF does not specify; there the lowest ids are kept.
 
+Every top-p route takes one `top_p` for the batch or one per row (`TopP`: a `(rows, 1)` float64
+tensor, each row's value as HF's warper of that row holds it). `removal_cut` turns either into the
+float64 bound HF's float32 comparison `running <= 1 - top_p` amounts to, and `removed` / `survives`
+compare a running sum with it, row by row.
+
 >>> probs = torch.tensor([[0.5, 0.2, 0.3]])
 >>> top_p_mask(probs, 0.7).tolist()
 [[True, False, True]]
@@ -20,7 +25,10 @@ import math
 
 import torch
 
-__all__ = ["float32", "keep_highest", "rounds_at_most", "top_p_mask"]
+__all__ = ["TopP", "float32", "keep_highest", "removal_cut", "removed", "rounds_at_most", "smallest_top_p",
+           "survives", "top_p_mask", "top_p_rows"]
+
+TopP = float | torch.Tensor  # one top-p for the batch, or `(rows, 1)` float64: one per row
 
 _INT32_MIN = -(1 << 31)
 
@@ -67,7 +75,51 @@ def rounds_at_most(threshold: float) -> tuple[float, bool]:
     return (threshold + above) / 2, gaps % 2 == 0
 
 
-def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,
+def removal_cut(top_p: TopP) -> tuple[float | torch.Tensor, bool | torch.Tensor]:
+    """`rounds_at_most(float32(1 - top_p))`, for one top-p or one per row (then `(rows, 1)` float64
+    cuts and `(rows, 1)` bool, computed on the device without a host read).
+
+    HF compares its float32 running sums with the Python float `1 - top_p`, which torch rounds to
+    float32; the float64 `1 - top_p` of a row cast to float32 is that value (round to nearest even).
+
+    >>> cut, inclusive = removal_cut(torch.tensor([[0.7], [0.9]], dtype=torch.float64))
+    >>> [removal_cut(0.7), removal_cut(0.9)] == [(c, i) for c, i in zip(cut[:, 0].tolist(), inclusive[:, 0].tolist())]
+    True
+    """
+    if not isinstance(top_p, torch.Tensor):
+        return rounds_at_most(float32(1.0 - top_p))
+    threshold = (1.0 - top_p.double()).float()  # [N, 1] float32 (1 - top_p), as HF's comparison rounds it
+    above = torch.nextafter(threshold, torch.full_like(threshold, math.inf))  # the next float32 up
+    cut = (threshold.double() + above.double()) / 2  # the midpoint: exact in float64
+    return cut, threshold.view(torch.int32).bitwise_and(1) == 0  # [N, 1], [N, 1]: an even last bit
+
+
+def removed(running: torch.Tensor, cut: float | torch.Tensor, inclusive: bool | torch.Tensor) -> torch.Tensor:
+    """Where a float64 running sum rounds to a float32 `<= 1 - top_p` (HF removes the token); `removal_cut`'s
+    values, one for every row or `(rows, 1)`. NaN: False."""
+    if isinstance(inclusive, bool):
+        return running <= cut if inclusive else running < cut
+    return torch.where(inclusive, running <= cut, running < cut)
+
+
+def survives(running: torch.Tensor, cut: float | torch.Tensor, inclusive: bool | torch.Tensor) -> torch.Tensor:
+    """Where a float64 running sum rounds to a float32 `> 1 - top_p` (HF keeps the token). NaN: False."""
+    if isinstance(inclusive, bool):
+        return running > cut if inclusive else running >= cut
+    return torch.where(inclusive, running > cut, running >= cut)
+
+
+def top_p_rows(top_p: TopP, rows: torch.Tensor | slice) -> TopP:
+    """The top-p of some rows: the same float, or those rows of a per-row `(rows, 1)` tensor."""
+    return top_p[rows] if isinstance(top_p, torch.Tensor) else top_p
+
+
+def smallest_top_p(top_p: TopP) -> float:
+    """The smallest top-p of the batch (a host read for a per-row tensor: CPU routes only)."""
+    return float(top_p.min()) if isinstance(top_p, torch.Tensor) else top_p
+
+
+def top_p_mask(probs: torch.Tensor, top_p: TopP, min_tokens_to_keep: int = 1, *,
                scores: torch.Tensor | None = None, branch: bool = False) -> torch.Tensor:
     """The tokens HF's `TopPLogitsWarper(top_p, min_tokens_to_keep)` keeps, by a radix select.
 
@@ -84,6 +136,7 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
     Args:
         probs: `(batch, vocab)` float32 probabilities, `softmax` of the scores.
         top_p: Keep the most probable tokens whose probabilities add up to `top_p`. Range [0, 1].
+            One for the batch, or `(batch, 1)` float64, one per row.
         min_tokens_to_keep: Keep at least that many tokens. Default: 1.
         scores: The scores `probs` came from: they order tokens of equal probability. Default:
             none, then the lowest ids among equal probabilities are kept.
@@ -105,7 +158,7 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
     keep = torch.empty(probs.shape, dtype=torch.bool, device=probs.device)
     for start in range(0, n, rows):
         part = slice(start, start + rows)
-        keep[part] = _top_p_mask_rows(probs[part], top_p, min_tokens_to_keep,
+        keep[part] = _top_p_mask_rows(probs[part], top_p_rows(top_p, part), min_tokens_to_keep,
                                       None if scores is None else scores[part], branch)
     return keep
 
@@ -113,11 +166,10 @@ def top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *
 _CHUNK = 1 << 18  # elements per chunk of rows in `top_p_mask`
 
 
-def _top_p_mask_rows(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int,
+def _top_p_mask_rows(probs: torch.Tensor, top_p: TopP, min_tokens_to_keep: int,
                      scores: torch.Tensor | None, branch: bool) -> torch.Tensor:
     n, vocab = probs.shape
-    threshold = float32(1.0 - top_p)
-    cut, inclusive = rounds_at_most(threshold)
+    cut, inclusive = removal_cut(top_p)
     bits = probs.view(torch.int32)  # [N, V]; p in [0, 1] has bits <= 0x3F800000
     mass = probs.double()  # [N, V]
 
@@ -147,11 +199,15 @@ def _top_p_mask_rows(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int,
 
     # Ascending, each tie adds p*; those whose running sum still rounds <= threshold go.
     room = (cut - below) / p_star
-    gone = room.floor_() if inclusive else room.ceil_().sub_(1)
+    if isinstance(inclusive, bool):
+        gone = room.floor_() if inclusive else room.ceil_().sub_(1)
+    else:
+        gone = torch.where(inclusive, room.floor(), room.ceil().sub_(1))
     kept = ties - gone.clamp_(min=0).minimum(ties)  # [N, 1] ties kept, highest scores first
     boundary = boundary.masked_fill(nothing, 0x7F800000)  # above every probability: nothing kept
 
-    forced = min_tokens_to_keep > 1 or threshold >= float32(0.99)
+    # per row: always (fixed shapes; the forced keep is right for every row, only slower)
+    forced = min_tokens_to_keep > 1 or isinstance(top_p, torch.Tensor) or float32(1.0 - top_p) >= float32(0.99)
     if forced:
         # HF always keeps its last `min_tokens_to_keep` tokens. With 1 that matters only when the
         # whole mass (about 1) rounds to <= threshold, impossible unless top_p is tiny.
@@ -217,6 +273,6 @@ def keep_highest(mask: torch.Tensor, scores: torch.Tensor, count: torch.Tensor) 
     return mask & ((key > prefix) | (tie & (rank <= remaining))) & (count > 0)
 
 
-def _count_removed(cum: torch.Tensor, cut: float, inclusive: bool) -> torch.Tensor:
+def _count_removed(cum: torch.Tensor, cut: float | torch.Tensor, inclusive: bool | torch.Tensor) -> torch.Tensor:
     """`(batch, 1)` int64 number of leading bins whose running sum rounds to float32 `<= threshold`."""
-    return (cum <= cut if inclusive else cum < cut).sum(dim=-1, keepdim=True)
+    return removed(cum, cut, inclusive).sum(dim=-1, keepdim=True)

@@ -13,6 +13,10 @@ writes it or draws from it. The routes, in the order they are tried:
 | compiled | under `torch.compile` (`compiled.py`, `torch.cond`) | `Fixed` |
 | device sort | eager, no `candidates`: an accelerator, `accelerator_route()` (`device_sort.py`) | `Mask` |
 
+`top_p` is one value for the batch, or one per row: a `(rows, 1)` float64 tensor (a `Sampler`'s
+per-row groups, `_step/per_row.py`'s `tensor_top_p`); every route takes either, so a batch of rows
+with distinct top-p values is one draw.
+
 `candidates` (read flags on the host) is on for CPU eager outside `accelerator_route()`
 (`hfbridge._step.cpu_shortcuts.cpu_shortcuts`). Every route keeps HF's tokens; they differ in cost and in
 whether they read a value on the host.
@@ -38,6 +42,7 @@ from hfbridge._step.fast.pending import Candidates, Draw, Fixed, Mask, OneRow, P
 from hfbridge._step.fast.top_p.compiled import fixed_top_p
 from hfbridge._step.fast.top_p.device_sort import sorted_top_p_keep
 from hfbridge._step.fast.top_p.draw_then_check import top_p_route
+from hfbridge._step.fast.top_p.mask import TopP
 from hfbridge._step.fast.top_p.sorted_mask import exact_top_p_mask
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,13 +53,14 @@ __all__ = ["top_p_plan"]
 _NEG_INF = float("-inf")
 
 
-def top_p_plan(state: FastState, top_p: float, at_least: int, *, candidates: bool, memo: dict | None) -> Pending:
+def top_p_plan(state: FastState, top_p: TopP, at_least: int, *, candidates: bool, memo: dict | None) -> Pending:
     """What `TopPLogitsWarper(top_p, min_tokens_to_keep=at_least)` leaves pending on `state`.
 
     Args:
         state: The fast path's state: the scores and what the last filter left pending (read;
             a pending filter is written first unless the "after top-k" route applies).
-        top_p, at_least: The warper's `top_p` and `min_tokens_to_keep`.
+        top_p, at_least: The warper's `top_p` (one, or `(batch, 1)` float64: one per row) and
+            `min_tokens_to_keep`.
         candidates: Whether host reads are allowed (CPU eager), see the table above.
         memo: The `Sampler`'s dict kept between steps (candidate counts, bounds), or None.
     """
@@ -69,7 +75,7 @@ def top_p_plan(state: FastState, top_p: float, at_least: int, *, candidates: boo
     probs = torch.softmax(scores, dim=-1)  # [N, V]
     if candidates:
         if scores.shape[0] == 1:
-            found = one_row_kept(scores, probs, top_p, at_least, memo)
+            found = one_row_kept(scores, probs, float(top_p), at_least, memo)  # a (1, 1) top-p: its float
             if isinstance(found, torch.Tensor):  # one row, too many kept for candidates: the mask
                 return Mask(found, probs)
             if found is not None:  # the kept tokens, as NumPy arrays

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hfbridge._step.fast.top_p.mask import float32, rounds_at_most, top_p_mask
+from hfbridge._step.fast.top_p.mask import TopP, removal_cut, top_p_mask
 
 __all__ = ["exact_top_p_mask", "top_p_mask_sorted"]
 
@@ -30,7 +30,7 @@ _CHUNK = 1 << 19  # elements sorted at a time: one reused buffer, a fraction of 
 _BLOCK = 1024  # tokens per block of the running sum: block totals first, then one block token by token
 
 
-def exact_top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,
+def exact_top_p_mask(probs: torch.Tensor, top_p: TopP, min_tokens_to_keep: int = 1, *,
                      scores: torch.Tensor | None = None) -> torch.Tensor:
     """HF's top-p cut over whole rows, found exactly: this NumPy sort on CPU, the radix select with
     its one data-dependent check elsewhere (`top_p_mask(branch=True)`). Eager only.
@@ -43,13 +43,14 @@ def exact_top_p_mask(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int 
     return top_p_mask(probs, top_p, min_tokens_to_keep, scores=scores, branch=True)
 
 
-def top_p_mask_sorted(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int = 1, *,
+def top_p_mask_sorted(probs: torch.Tensor, top_p: TopP, min_tokens_to_keep: int = 1, *,
                       scores: torch.Tensor | None = None) -> torch.Tensor:
     """The tokens HF's `TopPLogitsWarper(top_p, min_tokens_to_keep)` keeps, by a NumPy sort.
 
     Args:
         probs: `(batch, vocab)` float32 CPU probabilities (non-negative, or NaN), `softmax` of the scores.
         top_p: Keep the most probable tokens whose probabilities add up to `top_p`. Range [0, 1].
+            One for the batch, or `(batch, 1)` float64, one per row.
         min_tokens_to_keep: Keep at least that many tokens. Default: 1.
         scores: The scores `probs` came from: they order tokens of equal probability. Default:
             none, then the lowest ids among equal probabilities are kept.
@@ -65,7 +66,7 @@ def top_p_mask_sorted(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int
     if n == 0 or vocab == 0:
         return torch.ones(probs.shape, dtype=torch.bool)
     p = probs.detach().numpy()  # [N, V], the caller's memory: read only
-    cut, inclusive = rounds_at_most(float32(1.0 - top_p))
+    cut, inclusive = _per_row(*removal_cut(top_p), n)  # [N, 1] each
     at_least = max(1, min(min_tokens_to_keep, vocab))
     boundary = np.empty((n, 1), np.float32)  # [N, 1] the smallest kept probability
     split: list[tuple[int, int]] = []  # (row, ties kept) for tie groups the cut splits
@@ -77,17 +78,18 @@ def top_p_mask_sorted(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int
         # Only the smallest tokens, up to the cut, need their order: the others are lowered to a
         # ceiling estimated from a sample (sorting equal values is cheap). If the cut lands on the
         # ceiling after all, the row is sorted again whole.
-        ceiling = _ceiling(source, cut)  # [R, 1]
+        cuts, inclusives = cut[start:start + rows], inclusive[start:start + rows]  # [R, 1]
+        ceiling = _ceiling(source, cuts)  # [R, 1]
         np.minimum(source, ceiling, out=part)
         # Non-negative floats order as their bits: sorting those as int32 is faster. A NaN sorts
         # first (sign bit set) or last.
         part.view(np.int32).sort(axis=-1)
-        first = _first_kept(part, cut, inclusive, at_least)  # [R] index of the smallest kept token
+        first = _first_kept(part, cuts, inclusives, at_least)  # [R] index of the smallest kept token
         r = np.arange(part.shape[0])
         for i in np.flatnonzero(part[r, first] >= ceiling[:, 0]):
             np.copyto(part[i], source[i])
             part[i].view(np.int32).sort()
-            first[i] = _first_kept(part[i:i + 1], cut, inclusive, at_least)[0]
+            first[i] = _first_kept(part[i:i + 1], cuts[i:i + 1], inclusives[i:i + 1], at_least)[0]
         nan = np.isnan(part[:, 0]) | np.isnan(part[:, -1])  # [R]
         boundary[start:start + part.shape[0], 0] = np.where(nan, -np.inf, part[r, first])
         below = part[r, np.maximum(first - 1, 0)]  # [R] the largest removed probability
@@ -103,10 +105,24 @@ def top_p_mask_sorted(probs: torch.Tensor, top_p: float, min_tokens_to_keep: int
     return torch.from_numpy(keep)
 
 
+def _per_row(cut: float | torch.Tensor, inclusive: bool | torch.Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`removal_cut`'s values as `(rows, 1)` NumPy arrays: float64 cuts and bool."""
+    if isinstance(cut, torch.Tensor):
+        assert isinstance(inclusive, torch.Tensor)
+        return cut.numpy(force=True), inclusive.numpy(force=True)
+    return np.full((n, 1), cut), np.full((n, 1), inclusive)
+
+
+def _removed(running: np.ndarray, cut: np.ndarray, inclusive: np.ndarray) -> np.ndarray:
+    """Where a float64 running sum rounds to float32 `<= 1 - top_p`: `< cut`, `<= cut` where
+    `inclusive` (`(rows, 1)` each, as the rows of `running`)."""
+    return np.where(inclusive, running <= cut, running < cut)
+
+
 _SAMPLE = 128  # every 128th token estimates where the cut lies
 
 
-def _ceiling(source: np.ndarray, cut: float) -> np.ndarray:
+def _ceiling(source: np.ndarray, cut: np.ndarray) -> np.ndarray:
     """`(rows, 1)` float32 above the cut's probability in each row, likely: from a sorted sample,
     the probability at which the sample's running sum (scaled) passes the cut by a wide margin.
     +inf (no ceiling) for short rows and where the sample runs out."""
@@ -124,15 +140,15 @@ def _ceiling(source: np.ndarray, cut: float) -> np.ndarray:
     return out
 
 
-def _first_kept(part: np.ndarray, cut: float, inclusive: bool, at_least: int) -> np.ndarray:
+def _first_kept(part: np.ndarray, cut: np.ndarray, inclusive: np.ndarray, at_least: int) -> np.ndarray:
     """`(rows,)` index of the first token HF keeps in the ascending rows `part`."""
     vocab = part.shape[1]
     return vocab - np.maximum(vocab - _count_removed(part, cut, inclusive), at_least)
 
 
-def _count_removed(part: np.ndarray, cut: float, inclusive: bool) -> np.ndarray:
+def _count_removed(part: np.ndarray, cut: np.ndarray, inclusive: np.ndarray) -> np.ndarray:
     """`(rows,)` how many of the sorted `part`'s leading tokens HF removes: running sums (float64)
-    that round to float32 `<= 1 - top_p` (`< cut`, or `<= cut` when inclusive).
+    that round to float32 `<= 1 - top_p` (`< cut`, or `<= cut` when inclusive; `(rows, 1)` each).
 
     The running sum is non-decreasing, so the removed tokens are a prefix: whole blocks whose last
     running sum is removed, then the tokens of the next block, summed one by one.
@@ -154,15 +170,15 @@ def _count_removed(part: np.ndarray, cut: float, inclusive: bool) -> np.ndarray:
             totals[:, 0] += ends[:, done - 1]  # carry on the running sum, as one `cumsum` would
         np.cumsum(totals, axis=-1, out=ends[:, done:stop])
         done = stop
-        last = ends[:, done - 1]
-        if not (last <= cut if inclusive else last < cut).any():  # NaN: crossed, never removed
+        last = ends[:, done - 1:done]  # [R, 1]
+        if not _removed(last, cut, inclusive).any():  # NaN: crossed, never removed
             break
-    blocks = (ends <= cut if inclusive else ends < cut).sum(axis=-1)  # [R] blocks removed whole
+    blocks = _removed(ends, cut, inclusive).sum(axis=-1)  # [R] blocks removed whole
     before = np.where(blocks > 0, ends[np.arange(rows), np.maximum(blocks - 1, 0)], 0.0)  # [R]
     index = blocks[:, None] * _BLOCK + np.arange(_BLOCK)  # [R, BLOCK] the next block's tokens
     inside = index < vocab
     values = np.take_along_axis(part, np.minimum(index, vocab - 1), axis=-1)  # [R, BLOCK]
     # one token at a time from the blocks before, as HF's sequential float64 `cumsum`
     running = np.cumsum(np.concatenate([before[:, None], values], axis=-1), axis=-1, dtype=np.float64)[:, 1:]
-    removed = (running <= cut if inclusive else running < cut) & inside
+    removed = _removed(running, cut, inclusive) & inside
     return blocks * _BLOCK + removed.sum(axis=-1)
