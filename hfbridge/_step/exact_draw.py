@@ -32,6 +32,7 @@ __all__ = ["draw_one", "softmax"]
 
 _LOW_53 = (1 << 53) - 1
 _DENSE = 4  # beyond 1 token in this many with p > 0, torch.multinomial (the logarithms are most of the work)
+_CHUNK = 1 << 23  # draws taken at once, in whole rows (64 MiB of int64): larger batches draw in turn
 _local = threading.local()  # per thread: the buffers of the last shape (no page faults on fresh memory)
 _agrees: bool | None = None  # whether this torch draws as the module says (checked once)
 
@@ -72,10 +73,12 @@ def _eligible(probs: torch.Tensor, generator: torch.Generator | None) -> bool:
 
 
 def _buffers(rows: int, vocab: int) -> tuple[torch.Tensor, numpy.ndarray]:
-    """This thread's `(rows * vocab,)` int64 and `(rows, vocab)` bool scratch, made once per shape."""
+    """This thread's int64 scratch for the draws of whole rows (at most `_CHUNK` values, at least one row)
+    and `(rows, vocab)` bool scratch, made once per shape."""
     held = getattr(_local, "buffers", None)
     if held is None or held[1].shape != (rows, vocab):
-        held = (torch.empty(rows * vocab, dtype=torch.int64), numpy.empty((rows, vocab), dtype=bool))
+        draws = min(rows, max(1, _CHUNK // vocab)) * vocab
+        held = (torch.empty(draws, dtype=torch.int64), numpy.empty((rows, vocab), dtype=bool))
         _local.buffers = held
     return held
 
@@ -98,12 +101,19 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None, softmax_output
         return None
     source = torch.default_generator if generator is None else generator
     state = source.get_state()
-    raw.random_(generator=source)  # one 64-bit draw per token, as the exponentials take them
-    if _some_draw_zero(raw):
-        source.set_state(state)
-        return None
+    span = raw.numel() // vocab  # rows drawn at once: the draws come row after row either way
+    parts = []
+    for first_row in range(0, rows, span):
+        start, end = first_row * vocab, min(first_row + span, rows) * vocab
+        chunk = raw[: end - start]
+        chunk.random_(generator=source)  # one 64-bit draw per token, as the exponentials take them
+        if _some_draw_zero(chunk):
+            source.set_state(state)
+            return None
+        low, high = numpy.searchsorted(where, [start, end])
+        parts.append(chunk[torch.from_numpy(where[low:high] - start)])
     at = torch.from_numpy(where)  # [K]
-    u = (raw[at] & _LOW_53).double() * 2.0**-53  # exact: an integer below 2^53 times a power of two
+    u = (torch.cat(parts) & _LOW_53).double() * 2.0**-53  # exact: an integer below 2^53 times a power of two
     ratio = probs.view(-1)[at] / (-torch.log1p(-u)).float()  # [K] float32, as torch.multinomial divides
     row = at // vocab  # [K] sorted
     best = torch.full((rows,), -torch.inf).scatter_reduce_(0, row, ratio, "amax")  # [B]

@@ -107,3 +107,15 @@ def test_a_draw_whose_low_53_bits_are_zero_is_found():
 def test_probabilities_that_carry_a_graph():
     probs = sparse(2, 3000, 0.01, False, 4).requires_grad_()
     assert_same_draw(probs, 5)
+
+
+@pytest.mark.parametrize("vocab", [300, 700, 2500])
+def test_large_batches_draw_in_turns_of_whole_rows(monkeypatch, vocab):
+    import hfbridge._step.exact_draw as exact_draw
+
+    monkeypatch.setattr(exact_draw, "_CHUNK", 1000)  # 3, 1 and 1 rows at a time
+    monkeypatch.setattr(exact_draw, "_local", type(exact_draw._local)())  # fresh buffers of that size
+    probs = sparse(7, vocab, 0.05, False, vocab)
+    assert _draw(probs, torch.Generator().manual_seed(0)) is not None
+    for seed in range(3):
+        assert_same_draw(probs, seed)
