@@ -243,3 +243,29 @@ def test_dynamic_temperature_row_equals_itself_with_removed_columns_appended(voc
     padded = torch.cat([scores, torch.full((6, 3), -torch.inf)], dim=1)
     warper = DynamicTemperatureLogitsWarper(0.9, 0.5)
     assert torch.equal(warper(None, padded)[:, :vocab], warper(None, scores))
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**6), dtype=st.sampled_from([torch.float32, torch.float64]),
+       value=st.sampled_from([-math.inf, -50.0]), owned=st.booleans())
+def test_the_per_row_cut_keeps_exactly_the_scores_at_or_above_the_floor(seed, dtype, value, owned):
+    from hfbridge.processors._rows import cut_below
+
+    generator = torch.Generator().manual_seed(seed)
+    scores = torch.randn(3, WIDE, generator=generator, dtype=dtype).round(decimals=1)  # many ties with the floor
+    scores[0, :4] = torch.tensor([math.nan, -math.inf, math.inf, -0.0], dtype=dtype)
+    floor = scores[:, 7:8].clone()  # a floor equal to one of the row's own values
+    expected = torch.where(scores >= floor, scores, torch.tensor(value, dtype=dtype))
+    expected[0, 0] = math.nan  # a NaN score stays NaN
+    mine = scores.clone()
+    if owned:
+        with owned_scores():
+            got = cut_below(mine, floor, value)
+        assert got is mine
+    else:
+        got = cut_below(mine, floor, value)
+        assert got is not mine
+        torch.testing.assert_close(mine, scores, rtol=0, atol=0, equal_nan=True)  # the input untouched
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    if floor[0, 0] <= 0:  # -0.0 kept as it is (an added 0.0 would have made it +0.0)
+        assert math.copysign(1.0, got[0, 3].item()) == -1.0
