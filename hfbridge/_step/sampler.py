@@ -18,6 +18,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from hfbridge._step.build_processors import make_generation_config, processors_for_config
 from hfbridge._step.caller_inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.cpu_shortcuts import greedy_choice
+from hfbridge._step.exact_draw import draw_one, softmax
 from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
@@ -402,11 +403,12 @@ class Sampler(SamplerState, StepInputs):
             if invalid is not None:  # read by `choose_rows`, which drew nothing then
                 self._raise_bad_rows(invalid, scores if raw is None else raw, scores)
             return tokens
-        probs = torch.nn.functional.softmax(scores, dim=-1)
+        probs = softmax(scores)  # HF's softmax; on CPU into a reused buffer (no page faults on fresh memory)
         try:
             # torch.multinomial reads its input to refuse NaN / inf / all-zero rows (a host read we
-            # cannot avoid); checking the rows before it would add a second one.
-            return torch.multinomial(probs, num_samples=1, generator=self._one_generator).squeeze(1)
+            # cannot avoid); checking the rows before it would add a second one. On CPU `draw_one`
+            # gives its tokens and leaves the generator as it does, with a logarithm per kept token only.
+            return draw_one(probs, self._one_generator, softmax_output=True)
         except RuntimeError as error:
             failure = error
         self._check_best(scores.amax(dim=-1), scores, raw)  # names the row

@@ -18,20 +18,24 @@ False
 >>> with owned_scores():
 ...     scores_owned()
 True
+>>> scratch(torch.zeros(2, 3)).shape
+torch.Size([2, 3])
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 
 import torch
 
-__all__ = ["device_only", "host_path", "owned_scores", "scores_owned"]
+__all__ = ["device_only", "fused_path", "host_path", "owned_scores", "scores_owned", "scratch"]
 
 _DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
 _OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
+_SCRATCH = threading.local()  # per thread: the last scratch buffer made
 
 
 @contextlib.contextmanager
@@ -63,3 +67,27 @@ def host_path(*tensors: torch.Tensor) -> bool:
     """Whether every tensor is on the CPU, eager (not traced by `torch.compile`), outside `device_only()`."""
     return (not _DEVICE_ONLY.get() and not torch.compiler.is_compiling()
             and all(tensor.is_cpu for tensor in tensors))
+
+
+def fused_path(scores: torch.Tensor) -> bool:
+    """Whether a sampler may take its fused host path on `scores`: `host_path`, float32 or float64 rows,
+    at least one row, no autograd graph (`out=` and in-place ops refuse tensors that require grad)."""
+    return (scores.ndim == 2 and scores.shape[0] > 0 and scores.dtype in (torch.float32, torch.float64)
+            and not scores.requires_grad and host_path(scores))
+
+
+def scratch(like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised buffer shaped like `like`, for values that do not leave one processor call.
+
+    On the host path, this thread's one scratch buffer (made again when the shape or dtype changes):
+    on CPU a fresh vocabulary-sized tensor costs about as much as three reads of the scores (page
+    faults on new memory), a reused one nothing. Elsewhere a fresh one (an accelerator's caching
+    allocator reuses memory already). Every processor shares it: never return it, nor keep it past
+    the call, nor call another processor while holding it.
+    """
+    if not host_path(like):
+        return torch.empty_like(like)
+    held = getattr(_SCRATCH, "buffer", None)
+    if held is None or held.shape != like.shape or held.dtype != like.dtype:
+        held = _SCRATCH.buffer = torch.empty_like(like, memory_format=torch.contiguous_format)
+    return held

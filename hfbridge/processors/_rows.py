@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["RowParam", "described", "finite_count", "gate", "plain"]
+from hfbridge.processors._host import fused_path, host_path, scores_owned
+
+__all__ = ["RowParam", "best_k", "cut_below", "described", "finite_count", "gate", "plain"]
 
 
 def described(value: Any) -> str:
@@ -102,6 +104,63 @@ def gate(values: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
     floor = floor.clamp(min=torch.finfo(values.dtype).min)  # a floor of -inf keeps every value but -inf
     shifted = (values - floor).clamp_(max=0.0).mul_(1e30)  # 0 where kept, < -1e-15 (or -inf) where not
     return torch.nn.functional.threshold(shifted, -1e-20, -torch.inf, inplace=True)
+
+
+_CUT_VOCAB = 2048  # narrower rows: the per-row loop's fixed cost beats the saving
+
+
+def cut_below(scores: torch.Tensor, floor: torch.Tensor, value: float = -torch.inf) -> torch.Tensor | None:
+    """`scores` with each row's scores below `floor[row]` set to `value`; None where this path does not apply.
+
+    One pass over the scores on the host path (`fused_path`, `floor` finite, rows of at least 2,048):
+    `torch.threshold` per row keeps `x > nextafter(floor, -inf)`, which for a value of the scores'
+    dtype is `x >= floor`, and writes into the scores themselves when they are owned
+    (`scores_owned()`), else into a fresh tensor. A NaN score stays NaN. Callers use `gate` otherwise.
+
+    >>> scores = torch.tensor([[0.5, 1.0, 2.0] * 1000])
+    >>> cut_below(scores, torch.tensor([[1.0]]))[0, :3].tolist()
+    [-inf, 1.0, 2.0]
+    """
+    if scores.ndim != 2 or scores.shape[-1] < _CUT_VOCAB or not fused_path(scores) or not host_path(floor):
+        return None
+    below = torch.nextafter(floor.to(scores.dtype), torch.tensor(-torch.inf, dtype=scores.dtype)).flatten()
+    bounds = below.tolist()  # a host read: free on CPU
+    if not all(-torch.inf < bound < torch.inf for bound in bounds):
+        return None
+    out = scores if scores_owned() else torch.empty_like(scores, memory_format=torch.contiguous_format)
+    for row, bound in enumerate(bounds):
+        torch.threshold(scores[row], bound, value, out=out[row])
+    return out
+
+
+_BLOCK = 128  # columns per block of the prefilter
+
+
+def best_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` largest scores per row and their ids, as `topk` (values exact; ties in any order).
+
+    The k blocks of 128 columns with the largest maxima hold the k largest values (a value outside
+    them is at most the k-th largest block maximum, so k other values are at least as large), so
+    `topk` runs on those blocks (and the last, partial one) instead of the whole row: one read of the
+    scores for the block maxima, then a few thousand candidates.
+
+    >>> values, ids = best_k(torch.tensor([[0.5, 3.0, 1.0, 2.0]]), 2)
+    >>> values.tolist(), ids.tolist()
+    ([[3.0, 2.0]], [[1, 3]])
+    """
+    rows, vocab = scores.shape  # [B, V]
+    blocks = vocab // _BLOCK
+    if blocks <= 4 * k:
+        values, ids = scores.topk(k, dim=-1)
+        return values, ids
+    main = blocks * _BLOCK
+    chosen = scores[:, :main].reshape(rows, blocks, _BLOCK).amax(-1).topk(k, dim=-1).indices  # [B, k] blocks
+    columns = (chosen[:, :, None] * _BLOCK + torch.arange(_BLOCK, device=scores.device)).flatten(1)  # [B, k*128]
+    if main < vocab:
+        tail = torch.arange(main, vocab, device=scores.device).expand(rows, -1)
+        columns = torch.cat([columns, tail], dim=1)
+    values, where = scores.gather(1, columns).topk(k, dim=-1)
+    return values, columns.gather(1, where)
 
 
 class RowParam:

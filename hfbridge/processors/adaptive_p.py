@@ -22,7 +22,8 @@ llama.cpp clamps the decay into [0, 0.99], this class refuses values outside. ll
 sampler at the very end of the chain, where it replaces the final draw; so do hfbridge's options.
 
 One state per row, following rows by their tokens (`_row_history.py`): it works in hfbridge's loops,
-which call `reset` / `reorder` / `rollback`, and in transformers' own `generate`. Sync-free.
+which call `reset` / `reorder` / `rollback`, and in transformers' own `generate`. Sync-free on an
+accelerator; on CPU a host path of fused passes (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> warper = AdaptivePLogitsWarper(target=0.3, decay=0.9)
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam
 
@@ -67,6 +69,7 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         """Forget every row: the next call starts each one fresh."""
         self._history = RowHistory()
         self._probs: torch.Tensor | None = None  # [B, V] last call's p where kept, NaN where removed
+        self._buffer: torch.Tensor | None = None  # [B, V] the host path's p, kept for the next call
         self.state: torch.Tensor | None = None
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
@@ -94,7 +97,8 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         if probs is not None and probs.shape[-1] == scores.shape[-1] and probs.device == device \
                 and input_ids.shape[1]:
             # the token chosen after the last call, with its original probability there (NaN: not ours)
-            chosen = probs[found.source].gather(1, input_ids[:, -1:].long().clamp(0, probs.shape[-1] - 1))[:, 0]
+            token = input_ids[:, -1:].long().clamp(0, probs.shape[-1] - 1)  # [B, 1]
+            chosen = probs[found.source[:, None], token][:, 0]  # one value per row, no copy of the rows
             total, weight = found.before.unbind(-1)
             updated = torch.stack([chosen + decay * total, 1 + decay * weight], dim=-1)
             updated = torch.where(chosen.isnan()[:, None], found.before, updated)
@@ -104,6 +108,8 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         weighted_sum, total_weight = state.unbind(-1)
         average = torch.where(total_weight == 0, target, 2 * target - weighted_sum / total_weight)
         adapted = average.clamp(0.0, 1.0)[:, None]  # [B, 1]
+        if self.target.all(lambda t: t >= 0) and fused_path(scores) and bool(scores.amin() > -torch.inf):
+            return self._on_host(scores, adapted)  # every row on, no removed token, no NaN
         p = scores.softmax(-1)  # [B, V]
         removed = scores == -torch.inf
         distance = (p - adapted).abs_().mul_(1 / _WIDTH)  # d = |p - a| / 0.3
@@ -115,6 +121,26 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         on = (target >= 0)[:, None]  # [B, 1]
         self._probs = p.masked_fill_(removed | ~on, torch.nan)
         return torch.where(on, new, scores)
+
+    def _on_host(self, scores: torch.Tensor, adapted: torch.Tensor) -> torch.Tensor:
+        """Every row on, no score at -inf: the transform in five fused passes after the softmax.
+
+        `10 d^2 / (1 + d)` with `d = e / w` (`e = |p - a|`, `w = 0.3`) is `(10 / w) e^2 / (w + e)`:
+        `p - a`, `|p - a| + w` (in the result's memory), the square, and `addcdiv` writing
+        `5 - (10 / w) e^2 / (w + e)` over it (the result: the scores themselves when owned). The same
+        values within float32 rounding (a few ulps; the tests compare with the reference at 1e-5).
+        """
+        buffer = self._buffer
+        if buffer is None or buffer.shape != scores.shape or buffer.dtype != scores.dtype:
+            buffer = self._buffer = torch.empty_like(scores, memory_format=torch.contiguous_format)
+        p = torch.softmax(scores, -1, out=buffer)  # [B, V], read at the next call
+        diff = torch.sub(p, adapted, out=scratch(scores))  # [B, V] p - a
+        out = scores if scores_owned() else torch.empty_like(scores, memory_format=torch.contiguous_format)
+        spread = torch.abs(diff, out=out).add_(_WIDTH)  # |p - a| + w, in the result's memory
+        peak = torch.tensor(_PEAK, dtype=scores.dtype)
+        torch.addcdiv(peak, diff.square_(), spread, value=-_SHARPNESS / _WIDTH, out=out)  # elementwise: in place
+        self._probs = p
+        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(target={self.target}, decay={self.decay})"

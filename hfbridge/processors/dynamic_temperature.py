@@ -16,7 +16,8 @@ Reference: llama.cpp `src/llama-sampler.cpp`, `llama_sampler_temp_ext_apply`; `c
 `dynatemp_high` instead of a centre and a range, and normalises by `log` of the whole vocabulary.
 hfbridge uses it in place of `temperature` when `dynatemp_range > 0`.
 
-Batched and sync-free: softmax, entropy and the division, all per row on the device.
+Batched and sync-free: softmax, entropy and the division, all per row on the device; on CPU a host path
+takes the entropy from one fused softmax (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> scores = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log()
@@ -26,11 +27,13 @@ tensor([[0.1000, 0.2000, 0.3000, 0.4000]])
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, finite_count
 
 __all__ = ["DynamicTemperatureLogitsWarper"]
@@ -53,6 +56,12 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows = scores.shape[0]  # [B, V]
         device, dtype = scores.device, scores.dtype
+        positive = self.temperature.all(lambda t: t > 0) and all(
+            t - r > 0 for t, r in zip(self.temperature.for_rows(rows), self.range.for_rows(rows)))
+        if positive and scores.shape[1] > 1 and fused_path(scores):
+            out = self._on_host(scores)
+            if out is not None:
+                return out
         centre = self.temperature.tensor(rows, device, dtype)[:, None]  # [B, 1]
         spread = self.range.tensor(rows, device, dtype)[:, None]
         low, high = (centre - spread).clamp(min=0), centre + spread
@@ -69,13 +78,49 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         # most one candidate is left as it is (temperature 1)
         temperature = torch.where(spread > 0, dynamic, centre).masked_fill(candidates <= 1, 1.0)  # [B, 1]
         divided = scores / temperature.clamp(min=torch.finfo(dtype).tiny)
-        if self.temperature.all(lambda t: t > 0) and all(
-            t - r > 0 for t, r in zip(self.temperature.for_rows(rows), self.range.for_rows(rows))
-        ):
+        if positive:
             return divided  # T >= T_min > 0 in every row: no greedy row possible (known on the host)
         # T <= 0: llama.cpp's greedy temperature keeps the first best token only
         others = torch.ones_like(scores, dtype=torch.bool).scatter_(1, scores.argmax(-1, keepdim=True), False)
         return torch.where(temperature > 0, divided, scores.masked_fill(others, -torch.inf))
+
+    def _on_host(self, scores: torch.Tensor) -> torch.Tensor | None:
+        """Every row's best finite (None otherwise), every temperature > 0: the entropy from one softmax.
+
+        With `p = softmax(scores)`, `Z = sum(exp(scores - best))` and `max(p) = 1 / Z`:
+        `H = log Z - sum(p * (scores - best)) = best - log(max p) - sum(p * scores)`, so one softmax
+        (torch's fused kernel), two maxima and a dot product per row replace the shifted copy, the
+        exponentials and the count of the general path; the temperature per row from those numbers
+        on the host (in float64: a few small ops fewer, which is most of the cost at B=1). A row with
+        scores at -inf (p = 0 there) takes its dot product over its finite scores only (in order) and
+        counts them, so a row equals itself with -inf columns appended, bit for bit. The softmax's
+        exponentials are torch's fast ones (a few float32 ulps); `tests/processors/test_samplers_fused.py`
+        bounds the difference.
+        """
+        rows, vocab = scores.shape  # [B, V]
+        best = scores.amax(-1).tolist()  # host reads: free on CPU
+        if not all(math.isfinite(b) for b in best):  # NaN, +inf or nothing left: the general path
+            return None
+        probs = torch.softmax(scores, -1, out=scratch(scores))  # [B, V]
+        top = probs.amax(-1).tolist()  # 1 / Z per row
+        temperatures = []
+        for row, (b, t, centre, spread, exponent) in enumerate(zip(
+                best, top, self.temperature.for_rows(rows), self.range.for_rows(rows), self.exponent.for_rows(rows))):
+            mean, count = float(torch.dot(probs[row], scores[row])), vocab
+            if not math.isfinite(mean):  # 0 * -inf: scores removed before; they add nothing and are no candidates
+                finite = scores[row] > -torch.inf  # [V]
+                kept = scores[row][finite]  # [n] in order: the same dot product as the row without them
+                mean, count = float(torch.dot(probs[row][finite], kept)), kept.numel()
+            if count <= 1:
+                temperatures.append(1.0)  # at most one candidate: left as it is
+            elif spread > 0:
+                low, high = max(centre - spread, 0.0), centre + spread
+                normalised = max(b - math.log(t) - mean, 0.0) / math.log(count)  # H >= 0
+                temperatures.append(low + (high - low) * normalised**exponent)
+            else:
+                temperatures.append(centre)
+        temperature = torch.tensor(temperatures, dtype=scores.dtype)[:, None]  # [B, 1] (a row alone divides alike)
+        return scores.div_(temperature) if scores_owned() else scores / temperature
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(temperature={self.temperature}, range={self.range}, "

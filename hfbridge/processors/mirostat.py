@@ -24,7 +24,8 @@ most likely token alone exceeds `mu`, llama.cpp keeps exactly one token; so does
 the best score is unique, and keeps all tokens tied with it otherwise. Mirostat 1 (which estimates a
 Zipf exponent and keeps a top-k) is not provided.
 
-Batched and sync-free: the state is a `(rows,)` tensor on the scores' device.
+Batched and sync-free: the state is a `(rows,)` tensor on the scores' device; on CPU a host path cuts
+from one fused softmax with `torch.threshold` per row (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> warper = MirostatLogitsWarper(tau=1.0, eta=0.5)          # mu starts at 2 bits: keep p >= 0.25
@@ -41,6 +42,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, gate
 
 __all__ = ["MirostatLogitsWarper"]
@@ -68,7 +70,8 @@ class MirostatLogitsWarper(LogitsProcessor):
         """Forget every row's state: the next call starts with `mu = 2 * tau`."""
         self.mu: torch.Tensor | None = None  # [B]
         self._ids: torch.Tensor | None = None  # [B, T] the last call's input_ids
-        self._weights: torch.Tensor | None = None  # [B, V] last call's exp(score - best) where kept, else 0
+        self._weights: torch.Tensor | None = None  # [B, V] last call's kept weights (any scale per row), else 0
+        self._buffer: torch.Tensor | None = None  # [B, V] the host path's probabilities, kept for the next call
         self._kept_total: torch.Tensor | None = None  # [B, 1] their sum
         self._history: dict[int, torch.Tensor] = {}  # input length -> [B] the mu used at that call
         self._resume: tuple[torch.Tensor, torch.Tensor] | None = None  # ([B] mu, [B] bool) set by `rollback`
@@ -106,21 +109,50 @@ class MirostatLogitsWarper(LogitsProcessor):
         device, dtype = scores.device, scores.dtype
         tau = self.tau.tensor(rows, device, dtype)
         mu = self._next_mu(input_ids, tau, scores)  # [B]
-        best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
-        weights = (scores - best).exp_()  # [B, V] unnormalised p
-        total = weights.sum(-1, keepdim=True)  # [B, 1]
-        # -log2 p <= mu  <=>  p >= 2^-mu; the best token (weight 1) always stays
-        floor = torch.minimum(torch.exp2(-mu)[:, None] * total, torch.ones_like(total))
-        removal = gate(weights, floor)  # [B, V]: 0 kept, -inf removed
-        kept = scores + removal
-        self._weights = weights.mul_(removal.clamp_(min=-1.0).add_(1.0))  # kept weights, 0 elsewhere
-        self._kept_total = weights.sum(-1, keepdim=True)  # [B, 1]; p'(X) = weights[X] / kept_total
+        kept = None
+        if scores.shape[1] > 1 and fused_path(scores):
+            kept = self._on_host(scores, mu)
+        if kept is None:
+            best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
+            weights = (scores - best).exp_()  # [B, V] unnormalised p
+            total = weights.sum(-1, keepdim=True)  # [B, 1]
+            # -log2 p <= mu  <=>  p >= 2^-mu; the best token (weight 1) always stays
+            floor = torch.minimum(torch.exp2(-mu)[:, None] * total, torch.ones_like(total))
+            removal = gate(weights, floor)  # [B, V]: 0 kept, -inf removed
+            kept = scores + removal
+            self._weights = weights.mul_(removal.clamp_(min=-1.0).add_(1.0))  # kept weights, 0 elsewhere
+            self._kept_total = weights.sum(-1, keepdim=True)  # [B, 1]; p'(X) = weights[X] / kept_total
         self._ids = input_ids  # generate makes a new tensor each step; the old one is not written
         self.mu = mu
         if input_ids is not None:
             self._history[input_ids.shape[1]] = mu
             if len(self._history) > _HISTORY:
                 del self._history[min(self._history)]
+        return kept
+
+    def _on_host(self, scores: torch.Tensor, mu: torch.Tensor) -> torch.Tensor | None:
+        """The same cut from one softmax, the comparisons as `torch.threshold` per row; None for a NaN row.
+
+        `p >= 2^-mu` on `p = softmax(scores)` (torch's fused kernel; its exponentials are torch's fast
+        ones, a few float32 ulps from `exp`, so a token within that of the cut may fall the other way),
+        the best token always kept (`p >= max p`). The probabilities stay in a buffer of this
+        instance, the removed ones zeroed, for the next call's update.
+        """
+        buffer = self._buffer
+        if buffer is None or buffer.shape != scores.shape or buffer.dtype != scores.dtype:
+            buffer = self._buffer = torch.empty_like(scores, memory_format=torch.contiguous_format)
+        probs = torch.softmax(scores, -1, out=buffer)  # [B, V]
+        floor = torch.minimum(torch.exp2(-mu)[:, None], probs.amax(-1, keepdim=True))  # [B, 1]
+        below = torch.nextafter(floor, torch.tensor(-torch.inf, dtype=floor.dtype)).flatten().tolist()
+        if not all(bound < torch.inf for bound in below):  # NaN (a row with NaN or +inf): the general path
+            return None
+        removal = scratch(scores)  # [B, V]
+        for row, bound in enumerate(below):  # p > bound  <=>  p >= floor
+            torch.threshold(probs[row], bound, -torch.inf, out=removal[row])
+            torch.threshold_(probs[row], bound, 0.0)
+        removal.clamp_(max=0.0)  # 0 kept, -inf removed
+        kept = scores.add_(removal) if scores_owned() else scores + removal
+        self._weights, self._kept_total = probs, probs.sum(-1, keepdim=True)  # p'(X) = probs[X] / kept total
         return kept
 
     def _next_mu(self, input_ids: torch.Tensor, tau: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -153,8 +185,8 @@ class MirostatLogitsWarper(LogitsProcessor):
         diagonal = same.diagonal() if rows == last.shape[0] else torch.zeros_like(found)
         source = torch.where(diagonal, own.clamp(max=last.shape[0] - 1), same.long().argmax(-1))  # [B]
         chosen = input_ids[:, -1:].long()  # [B, 1]
-        weights = self._weights.index_select(0, source)  # [B, V]
-        p = (weights.gather(1, chosen) / self._kept_total.index_select(0, source)).squeeze(1)  # [B] p'(X)
+        weights = self._weights[source[:, None], chosen]  # [B, 1]: one weight per row, no copy of the rows
+        p = (weights / self._kept_total.index_select(0, source)).squeeze(1)  # [B] p'(X)
         surprise = -torch.log2(p)
         eta = self.eta.tensor(rows, scores.device, scores.dtype)
         previous = self.mu.index_select(0, source)

@@ -24,8 +24,10 @@ keeps one token for NaN and every candidate for a `k` beyond them.
 
 Defaults (llama.cpp `common/common.h`, `common/sampling.cpp`): `mirostat_tau = 5.0`,
 `mirostat_eta = 0.1`, `m = 100`. One state per row, following rows by their tokens
-(`_row_history.py`); sync-free and sort-free: a `topk` of `m` for the estimate, and each row's k-th
-best score by a radix select over the scores' bits (llama.cpp sorts the row).
+(`_row_history.py`); sync-free and sort-free: the best `m` for the estimate (block maxima, then
+`topk`), and each row's k-th best score by a radix select over the scores' bits (llama.cpp sorts
+the row). On CPU a host path reads the k-th from the best scores listed (for `k` up to 4,096) and
+cuts each row with `torch.threshold` (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> warper = MirostatV1LogitsWarper(tau=1.0, eta=0.1)          # mu = 2 tau = 2
@@ -42,10 +44,13 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import fused_path
 from hfbridge.processors._row_history import RowHistory
-from hfbridge.processors._rows import RowParam
+from hfbridge.processors._rows import RowParam, best_k, cut_below
 
 __all__ = ["MirostatV1LogitsWarper"]
+
+_LISTED = 4096  # the host path lists each row's best k + 1 scores up to this k (topk); beyond, the radix select
 
 
 class MirostatV1LogitsWarper(LogitsProcessor):
@@ -73,6 +78,7 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         """Forget every row's state: the next call starts each one with `mu = 2 * tau`."""
         self._history = RowHistory()
         self._weights: torch.Tensor | None = None  # [B, V] last call's exp(score - best) where kept, else 0
+        self._listed: tuple[torch.Tensor, torch.Tensor, int] | None = None  # or ([B, K] ids, their weights, V)
         self._kept_total: torch.Tensor | None = None  # [B, 1] their sum
         self.mu: torch.Tensor | None = None
         self.k: torch.Tensor | None = None
@@ -80,9 +86,13 @@ class MirostatV1LogitsWarper(LogitsProcessor):
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Row `i` now continues row `beam_idx[i]`."""
         self._history.reorder(beam_idx)
-        if self._weights is not None and self._kept_total is not None:
-            index = beam_idx.to(self._weights.device).long()
-            self._weights, self._kept_total = self._weights[index], self._kept_total[index]
+        if self._kept_total is not None:
+            index = beam_idx.to(self._kept_total.device).long()
+            self._kept_total = self._kept_total[index]
+            if self._weights is not None:
+                self._weights = self._weights[index]
+            if self._listed is not None:
+                self._listed = (self._listed[0][index], self._listed[1][index], self._listed[2])
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Row `i` now has `lengths[i]` tokens; its state is what it was then."""
@@ -97,11 +107,17 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         mu = self._mu(input_ids, tau, scores)  # [B]
         # the Zipf estimate over the best m tokens (llama.cpp's float arithmetic, on sorted probabilities)
         pairs = min(self._pairs, vocab - 1)
-        top = scores.topk(pairs + 1, dim=-1).values  # [B, P + 1], sorted
+        top, top_ids = best_k(scores, pairs + 1)  # [B, P + 1], sorted (a prefilter by blocks, then topk)
         best = top[:, :1].clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
-        candidates = (scores > -torch.inf).sum(-1)  # [B]
+        # the host path: every row's P + 1 best finite, so at least P + 1 candidates (no count needed)
+        host = fused_path(scores) and vocab >= 2 and bool(top[:, -1].isfinite().all())  # a host read: free on CPU
+        candidates = torch.full((rows,), vocab, device=device) if host else (scores > -torch.inf).sum(-1)  # [B]
         if pairs > 0:
-            p = (top - best).exp() / (scores - best).exp().sum(-1, keepdim=True)  # [B, P + 1] softmax of the best
+            # the estimate reads ratios of probabilities, where the softmax's normaliser cancels: the host
+            # path skips it (no pass over the vocabulary; each ratio then rounds once instead of thrice)
+            p = (top - best).exp()  # [B, P + 1] the best ones' weights, unnormalised
+            if not host:
+                p = p / (scores - best).exp().sum(-1, keepdim=True)  # [B, P + 1] softmax of the best
             i = torch.arange(pairs, device=device, dtype=dtype)
             t = torch.log((i + 2) / (i + 1))  # [P]
             b = torch.log(p[:, :-1] / p[:, 1:])  # [B, P]
@@ -113,10 +129,16 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         k = ((epsilon * torch.exp2(mu)) / (1 - torch.pow(float(vocab), -epsilon))).pow(1 / s_hat)  # [B]
         k = k.double().nan_to_num(nan=1.0).clamp(1.0, float(vocab)).floor().long()  # int(k), at least 1
         k = torch.minimum(k, candidates.clamp(min=1))
+        if host:
+            listed = self._listed_cut(scores, top, top_ids, k, best)
+            if listed is not None:
+                self._weights, self.mu, self.k = None, mu, k
+                return listed
+            k = torch.minimum(k, (scores > -torch.inf).sum(-1).clamp(min=1))  # the count the host path skipped
         kept = _at_least_kth(scores, k) & (scores > -torch.inf)  # the best k, and every token tied with the k-th
         out = scores.masked_fill(~kept, -torch.inf)
         weights = (out - best).exp()  # [B, V], 0 where removed
-        self._weights, self._kept_total = weights, weights.sum(-1, keepdim=True)
+        self._weights, self._kept_total, self._listed = weights, weights.sum(-1, keepdim=True), None
         self.mu, self.k = mu, k
         return out
 
@@ -125,17 +147,47 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         history = self._history
         found = history.lookup(input_ids, width=1, dtype=scores.dtype, last_only=True)
         mu = torch.where(found.repeat, found.at[:, 0], 2 * tau)
-        weights, total = self._weights, self._kept_total
-        if weights is not None and total is not None and weights.shape[-1] == scores.shape[-1] \
-                and weights.device == scores.device and input_ids.shape[1]:
-            chosen = input_ids[:, -1:].long().clamp(0, weights.shape[-1] - 1)  # [B, 1]
-            p = (weights[found.source].gather(1, chosen) / total[found.source])[:, 0]  # [B] p'(X), 0 if not kept
+        weights, listed, total = self._weights, self._listed, self._kept_total
+        width = weights.shape[-1] if weights is not None else listed[2] if listed is not None else -1
+        if total is not None and width == scores.shape[-1] and total.device == scores.device and input_ids.shape[1]:
+            chosen = input_ids[:, -1:].long().clamp(0, width - 1)  # [B, 1]
+            if weights is not None:
+                p = (weights[found.source[:, None], chosen] / total[found.source])[:, 0]  # [B] p'(X), 0 if not kept
+            else:
+                ids, kept = listed[0][found.source], listed[1][found.source]  # type: ignore[index]  # [B, K]
+                p = (kept * (ids == chosen)).sum(-1) / total[found.source][:, 0]  # [B] p'(X), 0 if not kept
             before = found.before[:, 0]
             eta = self.eta.tensor(scores.shape[0], scores.device, scores.dtype)
             updated = torch.where(p > 0, before - eta * (-torch.log2(p) - tau), before)
             mu = torch.where(found.previous, updated, mu)
         history.record(input_ids, found, mu[:, None])
         return mu
+
+    def _listed_cut(self, scores: torch.Tensor, top: torch.Tensor, top_ids: torch.Tensor, k: torch.Tensor,
+                    best: torch.Tensor) -> torch.Tensor | None:
+        """The host path's cut (None where it does not apply): each row's k-th best from its listed best scores.
+
+        The best `P + 1` scores are listed already (the estimate's); a larger `k` (up to 4,096) lists
+        `max(k) + 1` of them once for the batch. The k-th is then read from the list, and when
+        the next listed score is below it, every token the row keeps is listed: the row is cut by
+        `torch.threshold` (one pass) and only the listed weights are kept for the next update. Ties
+        reaching past the list, a k-th at -inf (fewer candidates), narrow rows: the general path.
+        """
+        vocab = scores.shape[1]  # [B, V]
+        most = int(k.max())  # a host read: free on CPU
+        if most >= top.shape[1]:
+            if most >= min(_LISTED, vocab):
+                return None
+            top, top_ids = best_k(scores, most + 1)  # [B, K]
+        threshold = top.gather(1, (k - 1)[:, None])  # [B, 1] the k-th best, ties counted
+        if not bool(((top[:, -1:] < threshold) & threshold.isfinite()).all()):
+            return None
+        out = cut_below(scores, threshold)
+        if out is None:
+            return None
+        kept = torch.where(top >= threshold, (top - best).exp(), 0.0)  # [B, K] exp(score - best) of the kept
+        self._listed, self._kept_total = (top_ids, kept, vocab), kept.sum(-1, keepdim=True)
+        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(tau={self.tau}, eta={self.eta}, m={self.m})"

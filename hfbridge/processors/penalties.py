@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import fused_path, scores_owned
 from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
@@ -77,6 +78,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
                 "prompt included (-1 = all of them, llama.cpp's meaning)."
             )
         self.prompt_length = prompt_length
+        self._zeros: torch.Tensor | None = None  # [B, V] the host path's counting buffer, all zeros between calls
 
     def _starts(self, rows: int, length: int) -> list[int]:
         """Per row, the first position of `input_ids` in the window (`length` = off)."""
@@ -101,7 +103,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
             counted = torch.arange(window.shape[1], device=device) >= offsets
         weights = torch.ones(window.shape, dtype=scores.dtype, device=device) if counted is None \
             else counted.to(scores.dtype)
-        counts = torch.zeros_like(scores).scatter_add_(1, window, weights).gather(1, window)  # [B, M]
+        counts = self._counts(scores, window, weights)  # [B, M] each position's token's count in its row
         old = scores.gather(1, window)  # [B, M]
         repeat = self.repetition_penalty.tensor(rows, device, scores.dtype)[:, None]
         new = torch.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
@@ -109,7 +111,28 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         presence = self.presence_penalty.tensor(rows, device, scores.dtype)[:, None]
         new = new - (counts * frequency + (counts > 0).to(scores.dtype) * presence)
         # every position of a token writes the same value (its count is the row's), so duplicates agree
-        return scores.scatter(1, window, torch.where(counts > 0, new, old))
+        values = torch.where(counts > 0, new, old)
+        return scores.scatter_(1, window, values) if scores_owned() else scores.scatter(1, window, values)
+
+    def _counts(self, scores: torch.Tensor, window: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """`(rows, M)` how often each window position's token occurs in its row's window (`weights` 1 or 0).
+
+        On the host path the counting buffer is this instance's `(rows, vocab)` zeros, kept zero: the
+        counts are added at the window's tokens, read, and those places set back to 0 (a few thousand
+        writes instead of a vocabulary-sized zeroed tensor per call). Elsewhere a fresh one.
+        """
+        if not fused_path(scores):
+            return torch.zeros_like(scores).scatter_add_(1, window, weights).gather(1, window)
+        zeros = self._zeros
+        if zeros is None or zeros.shape != scores.shape or zeros.dtype != scores.dtype:
+            zeros = self._zeros = torch.zeros_like(scores, memory_format=torch.contiguous_format)
+        try:
+            counts = zeros.scatter_add_(1, window, weights).gather(1, window)  # [B, M]
+            zeros.scatter_(1, window, 0.0)  # zero again for the next call
+        except BaseException:
+            self._zeros = None  # an id outside the vocabulary: the buffer may hold counts now
+            raise
+        return counts
 
     def _off(self, rows: int) -> bool:
         return (self.presence_penalty.all(lambda v: v == 0) and self.frequency_penalty.all(lambda v: v == 0)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam
 
 __all__ = ["SmoothingLogitsWarper"]
@@ -54,16 +55,25 @@ class SmoothingLogitsWarper(LogitsProcessor):
         factor = self.factor.tensor(rows, device, dtype)[:, None]  # [B, 1]
         curve = self.curve.tensor(rows, device, dtype)[:, None]
         best = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(dtype).min)  # [B, 1]; a row of -inf stays
-        d = scores - best  # [B, V], <= 0; -inf stays -inf
         curves = self.curve.for_rows(rows)
+        # owned scores (hfbridge's own float32 copy) take the result, unless the original is read below
+        inplace = scores_owned() and not scores.requires_grad and not self.factor.any(lambda f: f == 0.0) and (
+            all(c == 1.0 for c in curves) or not any(c == 1.0 for c in curves))
+        d = torch.sub(scores, best, out=scores) if inplace else scores - best  # [B, V], <= 0; -inf stays -inf
         if all(c == 1.0 for c in curves):
             # -k f d^2 with k = 1: the cubic term is 0; d = -inf gives -inf by itself (f > 0)
             smoothed = d.square_().mul_(-factor).add_(best)
         else:
             quadratic = (3 - curve) / 2 * factor  # [B, 1]
             cubic = (curve - 1) / 2 * factor
-            # -k f d^2 + s f d^3 = d^2 (s f d - k f); d = -inf gives -inf when s > 0 (curve > 1)
-            smoothed = (d * cubic - quadratic).mul_(d.square_()).add_(best)
+            # -k f d^2 + s f d^3 = d^2 (s f d - k f); d = -inf gives -inf when s > 0 (curve > 1): two fused
+            # multiply-adds, the first into a scratch buffer on the host path
+            if scores.requires_grad:  # out= refuses a graph
+                smoothed = (d * cubic - quadratic).mul_(d.square_()).add_(best)
+            else:
+                slope = scratch(scores) if fused_path(scores) else torch.empty_like(d)
+                torch.addcmul(-quadratic, d, cubic, out=slope)  # [B, V] s f d - k f
+                smoothed = torch.addcmul(best, d.square_(), slope, out=d)  # d^2 (s f d - k f) + best
             if any(c == 1.0 for c in curves):  # rows with s = 0 turn -inf into NaN (0 * inf)
                 smoothed = torch.where(scores == -torch.inf, scores, smoothed)
         if self.factor.any(lambda f: f == 0.0):  # factor 0 is off (every score would become the best)

@@ -25,7 +25,8 @@ whose `input_ids` hold generated tokens (a `sample_step` in a hand-written loop)
 
 One state per row, following rows by their tokens (`_row_history.py`): it works in hfbridge's loops,
 which call `reset` / `reorder` / `rollback`, and in transformers' own `generate` (sampling, beams,
-assisted decoding), which calls none of them. Sync-free. Greedy or sampling alike: it is not a warper.
+assisted decoding), which calls none of them. Sync-free on an accelerator; on CPU, while no row is
+forced, the scores come back as they came. Greedy or sampling alike: it is not a warper.
 
 >>> import torch
 >>> budget = ThinkingBudgetLogitsProcessor(2, start_ids=[7], end_ids=[8, 9])
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._host import host_path
 from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam, described
 
@@ -128,6 +130,8 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
         history.record(input_ids, found, state)
         phase, forced_at = state[:, 0], state[:, 4]
         self.phase = phase
+        if host_path(phase) and not bool((phase == FORCING).any()):  # a host read: free on CPU
+            return scores  # nothing forced: the scores as they came, as HF's processors return them
         token = forced[forced_at.clamp(max=len(self._forced) - 1)][:, None]  # [B, 1] the token to force now
         # forcing rows: every score -inf, then the forced token's own score back (other rows: their own back)
         out = scores.masked_fill((phase == FORCING)[:, None], -torch.inf)

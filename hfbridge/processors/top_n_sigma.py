@@ -13,7 +13,8 @@ llama.cpp `n <= 0` means "off"; here `n` must be > 0 (pass no option for off). t
 computes the deviation over every score (`-inf` included, which gives NaN) and applies it after
 temperature, as here.
 
-Batched and sync-free: a handful of passes over the scores, no sort, no host read.
+Batched and sync-free: a handful of passes over the scores, no sort, no host read on an accelerator; on
+CPU a host path of four passes and a cut per row (docs/samplers.md, "Cost").
 
 >>> import torch
 >>> scores = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log()
@@ -28,7 +29,8 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._rows import RowParam, described, finite_count, gate
+from hfbridge.processors._host import fused_path, scratch
+from hfbridge.processors._rows import RowParam, cut_below, described, finite_count, gate
 
 __all__ = ["TopNSigmaLogitsWarper"]
 
@@ -51,6 +53,10 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows, vocab = scores.shape  # [B, V]
+        if fused_path(scores):
+            out = self._on_host(scores)
+            if out is not None:
+                return out
         best = scores.amax(-1, keepdim=True)  # [B, 1]
         shifted = scores - best.clamp(min=torch.finfo(scores.dtype).min)  # [B, V] for stable sums; -inf stays
         count = finite_count(shifted)  # [B, 1] earlier processors' removals are left out
@@ -61,6 +67,34 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         if self.min_tokens_to_keep > 1:
             kth = scores.topk(min(self.min_tokens_to_keep, vocab), dim=-1).values[:, -1:]
             floor = torch.minimum(floor, kth)
+        return self._cut(scores, floor)
+
+    def _on_host(self, scores: torch.Tensor) -> torch.Tensor | None:
+        """Rows without -inf, +inf or NaN (None otherwise): four passes and the cut, no mask.
+
+        The deviation from the sum of squares of `scores - best` (`vector_norm`, one vectorised
+        pass) instead of their dot product: the same quantity summed in another order (float32 rounding,
+        a relative 1e-6 of the sums; `tests/processors/test_samplers_fused.py` bounds the floor's change).
+        """
+        rows, vocab = scores.shape  # [B, V]
+        best = scores.amax(-1, keepdim=True)  # [B, 1]
+        shifted = torch.sub(scores, best, out=scratch(scores))  # [B, V] <= 0
+        total = shifted.sum(-1, keepdim=True)  # [B, 1]; not finite where a row holds -inf, +inf or NaN
+        if not bool(total.isfinite().all()):  # a host read: free on CPU
+            return None
+        mean = total / vocab
+        squares = torch.linalg.vector_norm(shifted, dim=-1, keepdim=True).square()  # [B, 1]
+        variance = (squares / vocab - mean.square()).clamp(min=0)
+        floor = best - self.n.tensor(rows, scores.device, scores.dtype)[:, None] * variance.sqrt()
+        if self.min_tokens_to_keep > 1:
+            kth = scores.topk(min(self.min_tokens_to_keep, vocab), dim=-1).values[:, -1:]
+            floor = torch.minimum(floor, kth)
+        return self._cut(scores, floor)
+
+    def _cut(self, scores: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+        cut = cut_below(scores, floor, self.filter_value)  # one pass on the host path
+        if cut is not None:
+            return cut
         if self.filter_value == -torch.inf:
             return scores + gate(scores, floor)
         return scores.masked_fill(scores < floor, self.filter_value)

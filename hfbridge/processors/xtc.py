@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._rows import RowParam, described
+from hfbridge.processors._host import fused_path, scores_owned, scratch
+from hfbridge.processors._rows import RowParam, best_k, described
 
 __all__ = ["XTCLogitsWarper"]
 
@@ -72,11 +73,14 @@ class XTCLogitsWarper(LogitsProcessor):
         coin = torch.rand(rows, device=device, generator=self.generator)  # [B], one number per row and call
         applies = coin < self.probability.tensor(rows, device)  # [B]
         top = min(vocab, self._top + self.min_tokens_to_keep - 1)
-        values, ids = _top(scores, top)  # [B, K], descending
-        best = values[:, :1]  # [B, 1]
-        shifted = scores - best
-        total = shifted.exp_().sum(-1, keepdim=True)  # [B, 1]: softmax's normaliser, as llama.cpp sums it
-        probs = (values - best).exp() / total  # [B, K]
+        values, ids = best_k(scores, top)  # [B, K], descending
+        if fused_path(scores):  # torch's fused softmax into a scratch buffer, read at the K best only
+            probs = torch.softmax(scores, -1, out=scratch(scores)).gather(1, ids)  # [B, K]
+        else:
+            best = values[:, :1]  # [B, 1]
+            shifted = scores - best
+            total = shifted.exp_().sum(-1, keepdim=True)  # [B, 1]: softmax's normaliser, as llama.cpp sums it
+            probs = (values - best).exp() / total  # [B, K]
         above = probs >= self.threshold.tensor(rows, device, scores.dtype)[:, None]  # a prefix of the K
         count = above.sum(-1)  # [B]
         # the least likely above the threshold stays: ties with it keep the highest token id
@@ -92,33 +96,9 @@ class XTCLogitsWarper(LogitsProcessor):
         else:
             enough = torch.ones_like(applies)
         remove &= (applies & (count >= 2) & enough)[:, None]
-        return scores.scatter(1, ids, torch.where(remove, torch.full_like(values, self.filter_value), values))
+        replaced = torch.where(remove, torch.full_like(values, self.filter_value), values)  # [B, K]
+        return scores.scatter_(1, ids, replaced) if scores_owned() else scores.scatter(1, ids, replaced)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(threshold={self.threshold}, probability={self.probability}, "
                 f"min_tokens_to_keep={self.min_tokens_to_keep})")
-
-
-_BLOCK = 128  # columns per block of the prefilter
-
-
-def _top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `k` largest scores per row and their ids, as `topk` (values exact; ties in any order).
-
-    The k blocks of 128 columns with the largest maxima hold the k largest values (a value outside
-    them is at most the k-th largest block maximum, so k other values are at least as large), so
-    `topk` runs on those blocks (and the last, partial one) instead of the whole row: one read of the
-    scores for the block maxima, then a few thousand candidates.
-    """
-    rows, vocab = scores.shape  # [B, V]
-    blocks = vocab // _BLOCK
-    if blocks <= 4 * k:
-        return scores.topk(k, dim=-1)
-    main = blocks * _BLOCK
-    chosen = scores[:, :main].reshape(rows, blocks, _BLOCK).amax(-1).topk(k, dim=-1).indices  # [B, k] blocks
-    columns = (chosen[:, :, None] * _BLOCK + torch.arange(_BLOCK, device=scores.device)).flatten(1)  # [B, k*128]
-    if main < vocab:
-        tail = torch.arange(main, vocab, device=scores.device).expand(rows, -1)
-        columns = torch.cat([columns, tail], dim=1)
-    values, where = scores.gather(1, columns).topk(k, dim=-1)
-    return values, columns.gather(1, where)

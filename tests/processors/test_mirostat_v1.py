@@ -12,7 +12,7 @@ import torch
 from _host_reads import HostReads
 from transformers import LogitsProcessorList
 
-from hfbridge import Recompute, build_processors, generate, sample_step
+from hfbridge import Recompute, accelerator_route, build_processors, generate, sample_step
 from hfbridge.processors import MirostatV1LogitsWarper
 
 from _tiny_models import model_cache, recompute_callable
@@ -146,7 +146,7 @@ def test_no_host_reads():
     ids = torch.tensor([[1], [2]])
     scores = torch.randn(2, 64)
     before = scores.clone()
-    with HostReads() as reads:
+    with accelerator_route(), HostReads() as reads:  # what an accelerator runs (on CPU a host read is free)
         for token in range(4):
             warper(ids, scores)
             ids = torch.cat([ids, torch.full((2, 1), token)], 1)
@@ -195,3 +195,28 @@ def test_kth_best_by_radix_select_equals_a_sort(seed):
     threshold = scores.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
     assert torch.equal(_at_least_kth(scores, k), scores >= threshold)
     assert torch.equal(_at_least_kth(scores.double(), k), scores.double() >= threshold.double())
+
+
+@pytest.mark.parametrize("tau", [0.5, 3.0, 5.0, 9.0])
+def test_the_host_paths_listed_cut_equals_the_radix_select(tau):
+    # rows of Zipf-like scores (k from 1 to thousands), ties around the k-th, a row with -inf entries,
+    # a row whose k passes 4,096: the host path where it applies, the general one elsewhere, same answers
+    torch.manual_seed(int(tau * 10))
+    rows, vocab = 5, 8192
+    rank = torch.arange(1, vocab + 1, dtype=torch.float32)
+    host, general = MirostatV1LogitsWarper(tau, 0.3), MirostatV1LogitsWarper(tau, 0.3)
+    ids = torch.randint(0, vocab, (rows, 3))
+    for step in range(6):
+        scores = (-1.1 * rank.log())[torch.argsort(torch.rand(rows, vocab), dim=-1)] * (0.5 + step / 4)
+        scores[1] = scores[1].round()  # ties
+        scores[2, ::5] = NEG_INF
+        scores[3] = torch.randn(vocab) * 0.01  # flat: a large k
+        out = host(ids, scores)
+        with accelerator_route():
+            expected = general(ids, scores)
+        assert torch.equal(out, expected) and torch.equal(host.k, general.k)
+        torch.testing.assert_close(host.mu, general.mu, rtol=1e-6, atol=1e-6)
+        chosen = [int(torch.isfinite(out[row]).nonzero()[(step * 7) % int(torch.isfinite(out[row]).sum())])
+                  for row in range(rows)]
+        ids = torch.cat([ids, torch.tensor(chosen)[:, None]], 1)
+    assert host._listed is not None or host._weights is not None

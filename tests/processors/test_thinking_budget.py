@@ -12,7 +12,7 @@ import torch
 from _host_reads import HostReads
 from transformers import LogitsProcessorList
 
-from hfbridge import Recompute, generate, sample_step
+from hfbridge import Recompute, accelerator_route, generate, sample_step
 from hfbridge.processors import ThinkingBudgetLogitsProcessor
 
 from _tiny_models import model_cache, recompute_callable
@@ -289,12 +289,25 @@ def test_no_host_reads_and_input_untouched():
     budget(ids, torch.zeros(2, V))
     scores = torch.randn(2, V)
     before = scores.clone()
-    with HostReads() as reads:
+    with accelerator_route(), HostReads() as reads:  # what an accelerator runs (on CPU a host read is free)
         for _ in range(4):
             ids = torch.cat([ids, torch.full((2, 1), 3)], 1)
             budget(ids, scores)
     assert reads.count == 0, reads.ops
     assert torch.equal(scores, before)
+
+
+def test_while_nothing_is_forced_the_scores_come_back_as_they_came_and_forcing_writes_a_new_tensor():
+    budget = ThinkingBudgetLogitsProcessor(2, [7], [8], prompt_length=0)
+    scores = torch.randn(1, V)
+    before = scores.clone()
+    outputs = []
+    ids = torch.tensor([[7]])
+    for _ in range(4):  # counting, counting, forcing the end tag, done
+        outputs.append(LogitsProcessorList([budget])(ids, scores))
+        ids = torch.cat([ids, torch.tensor([[3]])], 1)
+    assert [out is scores for out in outputs] == [True, True, False, True] and torch.equal(scores, before)
+    assert torch.isfinite(outputs[2][0]).nonzero().flatten().tolist() == [8]
 
 
 @pytest.mark.parametrize("args,error,message", [
