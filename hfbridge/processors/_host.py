@@ -31,11 +31,11 @@ from contextvars import ContextVar
 
 import torch
 
-__all__ = ["device_only", "fused_path", "host_path", "owned_scores", "scores_owned", "scratch"]
+__all__ = ["device_only", "fused_path", "host_path", "owned_scores", "scores_owned", "scratch", "zeroed"]
 
 _DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
 _OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
-_SCRATCH = threading.local()  # per thread: the last scratch buffer made
+_SCRATCH = threading.local()  # per thread: the last scratch buffer made, and the last zeroed one
 
 
 @contextlib.contextmanager
@@ -91,3 +91,19 @@ def scratch(like: torch.Tensor) -> torch.Tensor:
     if held is None or held.shape != like.shape or held.dtype != like.dtype:
         held = _SCRATCH.buffer = torch.empty_like(like, memory_format=torch.contiguous_format)
     return held
+
+
+@contextlib.contextmanager
+def zeroed(like: torch.Tensor) -> Iterator[torch.Tensor]:
+    """This thread's buffer of zeros shaped like `like` (host path only), for counts added at a few places.
+
+    The holder must set every place it wrote back to 0 before leaving; if it leaves by an exception the
+    buffer is dropped (it may hold counts). Per thread, so that two threads running the same processor
+    never count into one buffer; shared by every processor of the thread, as `scratch`.
+    """
+    held = getattr(_SCRATCH, "zeros", None)
+    if held is None or held.shape != like.shape or held.dtype != like.dtype:
+        held = torch.zeros_like(like, memory_format=torch.contiguous_format)
+    _SCRATCH.zeros = None  # taken: a call nested in this one gets its own
+    yield held  # an exception leaves it dropped
+    _SCRATCH.zeros = held

@@ -159,10 +159,12 @@ class DRYLogitsProcessor(LogitsProcessor):
         if out.dtype in (torch.float32, torch.float64) and not out.requires_grad:
             view = out.numpy()  # [B, V], the same memory
             # each (row, token) once, with its largest penalty rounded to the scores' dtype: one subtraction
+            with np.errstate(over="ignore"):  # a penalty past float32's range is inf, as torch's cast gives
+                amounts = amounts.astype(view.dtype)
             if view.flags.c_contiguous:
-                view.reshape(-1)[found * vocab + tokens] -= amounts.astype(view.dtype)
+                view.reshape(-1)[found * vocab + tokens] -= amounts
             else:
-                view[found, tokens] -= amounts.astype(view.dtype)
+                view[found, tokens] -= amounts
             return out
         where = (torch.from_numpy(found), torch.from_numpy(tokens))
         # x + (-p) is x - p, one rounding

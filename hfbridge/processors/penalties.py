@@ -37,13 +37,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path, scores_owned
+from hfbridge.processors._host import fused_path, scores_owned, zeroed
 from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
+
+_HOST_IDS = 4096  # CPU windows of up to this many ids (all rows) are counted with NumPy: a sort, no buffer
 
 
 class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
@@ -78,7 +81,6 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
                 "prompt included (-1 = all of them, llama.cpp's meaning)."
             )
         self.prompt_length = prompt_length
-        self._zeros: torch.Tensor | None = None  # [B, V] the host path's counting buffer, all zeros between calls
 
     def _starts(self, rows: int, length: int) -> list[int]:
         """Per row, the first position of `input_ids` in the window (`length` = off)."""
@@ -95,6 +97,8 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         first = min(starts)
         if first >= length or self._off(rows):
             return scores
+        if input_ids.is_cpu and (length - first) * rows <= _HOST_IDS and fused_path(scores):
+            return self._on_host(input_ids, scores, starts, first)
         window = input_ids[:, first:].long()  # [B, M], oldest first
         device = scores.device
         counted = None  # [B, M] bool: the position lies in the row's own window
@@ -114,24 +118,45 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         values = torch.where(counts > 0, new, old)
         return scores.scatter_(1, window, values) if scores_owned() else scores.scatter(1, window, values)
 
+    def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, starts: list[int], first: int) -> torch.Tensor:
+        """The same arithmetic on NumPy views, for a short window: each (row, token) counted once by a sort
+        of `row * vocab + token`, then `old -> old * or / repeat - (count * frequency + presence)` in the
+        scores' dtype, op for op as the batched path (IEEE operations give the same bits)."""
+        rows, vocab = scores.shape
+        ids = input_ids.numpy()[:, first:]  # [B, M], the caller's memory: read only
+        if ids.min() < 0 or ids.max() >= vocab:  # else one row's id would land in another row
+            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+            raise IndexError(f"{type(self).__name__}: `input_ids` hold token id {bad}, outside the vocabulary "
+                             f"of the scores ({vocab} columns).")
+        keys = ids + np.arange(rows)[:, None] * vocab  # [B, M]: row * vocab + token
+        if any(start != first for start in starts):
+            keys = keys[np.arange(ids.shape[1]) >= np.array(starts)[:, None] - first]  # each row's own window
+        keys, counts = np.unique(keys, return_counts=True)  # [K] each (row, token) once
+        where = keys // vocab, keys % vocab  # rows, tokens
+        out = scores if scores_owned() else scores.clone()
+        view = out.numpy()  # [B, V], the same memory
+        dtype = view.dtype.type
+        old = view[where]  # [K]
+        repeat = np.array(self.repetition_penalty.for_rows(rows), dtype=dtype)[where[0]]
+        frequency = np.array(self.frequency_penalty.for_rows(rows), dtype=dtype)[where[0]]
+        presence = np.array(self.presence_penalty.for_rows(rows), dtype=dtype)[where[0]]
+        with np.errstate(all="ignore"):  # inf and NaN scores give what torch gives, without warnings
+            new = np.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
+            view[where] = new - (counts.astype(dtype) * frequency + presence)
+        return out
+
     def _counts(self, scores: torch.Tensor, window: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`(rows, M)` how often each window position's token occurs in its row's window (`weights` 1 or 0).
 
-        On the host path the counting buffer is this instance's `(rows, vocab)` zeros, kept zero: the
-        counts are added at the window's tokens, read, and those places set back to 0 (a few thousand
-        writes instead of a vocabulary-sized zeroed tensor per call). Elsewhere a fresh one.
+        On the host path the counting buffer is this thread's `(rows, vocab)` zeros (`_host.zeroed`), kept
+        zero: the counts are added at the window's tokens, read, and those places set back to 0 (a few
+        thousand writes instead of a vocabulary-sized zeroed tensor per call). Elsewhere a fresh one.
         """
         if not fused_path(scores):
             return torch.zeros_like(scores).scatter_add_(1, window, weights).gather(1, window)
-        zeros = self._zeros
-        if zeros is None or zeros.shape != scores.shape or zeros.dtype != scores.dtype:
-            zeros = self._zeros = torch.zeros_like(scores, memory_format=torch.contiguous_format)
-        try:
+        with zeroed(scores) as zeros:
             counts = zeros.scatter_add_(1, window, weights).gather(1, window)  # [B, M]
             zeros.scatter_(1, window, 0.0)  # zero again for the next call
-        except BaseException:
-            self._zeros = None  # an id outside the vocabulary: the buffer may hold counts now
-            raise
         return counts
 
     def _off(self, rows: int) -> bool:

@@ -221,18 +221,55 @@ def test_smoothing_fused_multiply_adds_stay_within_two_roundings_of_the_exact_va
 
 
 def test_the_penalties_counting_buffer_stays_zero_between_calls():
+    from hfbridge.processors import _host
+
     params = dict(presence_penalty=0.5, frequency_penalty=0.25, penalty_last_n=-1, repetition_penalty=1.3)
     host = PresenceFrequencyPenaltyLogitsProcessor(**params)
     scores = realistic(2, WIDE, 8)
-    for length in (5, 40, 3):  # other windows each call: no count of an earlier call may remain
+    for length in (2500, 4000, 2100):  # windows past the NumPy path's size, other ones each call
         ids = torch.randint(0, 50, (2, length))
         with accelerator_route():
             expected = PresenceFrequencyPenaltyLogitsProcessor(**params)(ids, scores)
         assert torch.equal(host(ids, scores), expected)
-        assert not bool(host._zeros.any())
+        assert not bool(_host._SCRATCH.zeros.any())  # no count of an earlier call may remain
+    bad = ids.clone()
+    bad[0, 7] = WIDE + 5
     with pytest.raises((IndexError, RuntimeError)):
-        host(torch.tensor([[1, WIDE + 5], [2, 3]]), scores)  # an id outside the vocabulary
+        host(bad, scores)  # an id outside the vocabulary
     assert torch.equal(host(ids, scores), expected)  # a fresh buffer after the error
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(1, 4), vocab=st.integers(2, 60), length=st.integers(1, 40), data=st.data())
+def test_the_penalties_numpy_path_equals_the_batched_path(rows, vocab, length, data):
+    """Short CPU windows are counted with NumPy: the same bits as the batched path, per-row values and windows."""
+    def value(options):
+        return data.draw(st.one_of(st.sampled_from(options), st.lists(st.sampled_from(options), min_size=rows,
+                                                                      max_size=rows)))
+    params = dict(presence_penalty=value([0.0, 0.5, -1.25]), frequency_penalty=value([0.0, 0.3, 2.0]),
+                  repetition_penalty=value([1.0, 1.3, 0.7]), penalty_last_n=value([-1, 0, 1, 3, 64]))
+    ids = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=length, max_size=length),
+                                          min_size=rows, max_size=rows)))
+    values = data.draw(st.lists(st.sampled_from([0.0, -0.0, 1.5, -2.25, 7.0, float("inf"), float("-inf"),
+                                                 float("nan")]) | st.floats(-20, 20, width=32),
+                                min_size=rows * vocab, max_size=rows * vocab))
+    scores = torch.tensor(values, dtype=data.draw(st.sampled_from([torch.float32, torch.float64]))).view(rows, vocab)
+    before = scores.clone()
+    processor = PresenceFrequencyPenaltyLogitsProcessor(**params)
+    host = processor(ids, scores)
+    with accelerator_route():
+        batched = processor(ids, scores)
+    torch.testing.assert_close(scores, before, rtol=0, atol=0, equal_nan=True)  # the caller's scores untouched
+    torch.testing.assert_close(host, batched, rtol=0, atol=0, equal_nan=True)
+    with owned_scores():  # written in place into the step's own copy: the same values
+        torch.testing.assert_close(processor(ids, scores.clone()), host, rtol=0, atol=0, equal_nan=True)
+
+
+def test_the_penalties_numpy_path_refuses_ids_outside_the_vocabulary():
+    processor = PresenceFrequencyPenaltyLogitsProcessor(0.5, 0.5, penalty_last_n=-1)
+    for bad in (9, -1):
+        with pytest.raises(IndexError, match=f"token id {bad}, outside the vocabulary of the scores"):
+            processor(torch.tensor([[1, bad, 2], [0, 1, 2]]), torch.zeros(2, 9))
 
 
 @pytest.mark.parametrize("vocab", [40, 1000, WIDE])
