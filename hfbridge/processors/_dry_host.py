@@ -11,7 +11,8 @@ llama.cpp computes it).
 
 >>> import numpy as np
 >>> single = np.zeros(8, dtype=bool)
->>> rows = HostRows(start=np.array([0]), multiplier=[1.0], base=[1.1], allowed=np.array([2]), cap=np.array([930]))
+>>> rows = HostRows(start=np.array([0]), multiplier=[1.0], base=[1.1], allowed=np.array([2]), cap=np.array([930]),
+...                 pair=True, shifted=False)
 >>> batch_penalties(np.array([[0, 1, 2, 0, 1]]), rows, single, [])
 (array([0]), array([2]), array([1.]))
 """
@@ -25,7 +26,8 @@ import numpy as np
 __all__ = ["HostRows", "batch_penalties"]
 
 _CHUNK = 16  # tokens compared per round when extending repeats backwards
-_FEW = 8  # up to this many repeat ends, plain Python
+_FEW = 64  # up to this many repeat ends, plain Python
+_STEPS = np.arange(_CHUNK)
 _NOTHING = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64))
 
 
@@ -37,6 +39,8 @@ class HostRows(NamedTuple):
     base: list[float]
     allowed: np.ndarray  # [B] int64
     cap: np.ndarray  # [B] int64, llama.cpp's cap on the exponent; 0: none
+    pair: bool = False  # every row's allowed >= 2: a penalised repeat has two tokens at least
+    shifted: bool = True  # some row's window starts after position 0
 
 
 def batch_penalties(window: np.ndarray, rows: HostRows, single: np.ndarray,
@@ -52,20 +56,38 @@ def batch_penalties(window: np.ndarray, rows: HostRows, single: np.ndarray,
     """
     start, allowed = rows.start, rows.allowed
     width = window.shape[1]
-    flat = window.reshape(-1)  # [B * M], a view
+    # Where a repeat of the window's ending ends: its last token there. Every row penalising only repeats of
+    # two tokens or more (allowed_length >= 2, the default), its last two tokens: far fewer places to extend.
+    pair = rows.pair
     if window.shape[0] == 1:  # one row: 1-D operations, fewer of them
-        begin = int(start[0])
-        end = np.flatnonzero(window[0, begin:-1] == window[0, -1])
+        begin, last = int(start[0]) if rows.shifted else 0, window[0]
+        if pair:
+            end = np.flatnonzero((last[begin + 1:-1] == last[-1]) & (last[begin:-2] == last[-2]))
+            begin += 1
+        else:
+            end = np.flatnonzero(last[begin:-1] == last[-1])
+        if not end.size:
+            return _NOTHING
         if begin:
             end += begin
         row = np.zeros(end.size, dtype=np.int64)
     else:
-        # repeats of length >= 1 end here (and at the last token); flat: np.nonzero on 2-D is several times slower
-        row, end = np.divmod(np.flatnonzero(window == window[:, -1:]), width)
-        keep = (end < width - 1) & (end >= start[row])
-        row, end = row[keep], end[keep]
+        # flat: np.nonzero on 2-D is several times slower
+        if pair:
+            both = (window[:, 1:-1] == window[:, -1:]) & (window[:, :-2] == window[:, -2:-1])  # [B, M - 2]
+            row, end = np.divmod(np.flatnonzero(both), width - 2)
+            end += 1
+            if rows.shifted:
+                keep = end > start[row]
+                row, end = row[keep], end[keep]
+        else:
+            row, end = np.divmod(np.flatnonzero(window[:, :-1] == window[:, -1:]), width - 1)
+            if rows.shifted:
+                keep = end >= start[row]
+                row, end = row[keep], end[keep]
     if row.size == 0:
         return _NOTHING
+    flat = window.reshape(-1)  # [B * M], a view
     if row.size <= _FEW:
         return _few_penalties(window, rows, single, groups, row.tolist(), end.tolist())
     # the breakers cap a repeat at the row's rep_limit, and the penalty stops growing past allowed + cap:
@@ -100,7 +122,7 @@ def _repeat_lengths(flat: np.ndarray, width: int, start: np.ndarray, bound: np.n
     row's window's ending, read backwards, at most the row's `bound` and never before its `start`."""
     lengths = np.ones(row.size, dtype=np.int64)  # the last token itself matches
     alive = np.flatnonzero(bound[row] > 1)
-    steps = np.arange(_CHUNK)  # [K]
+    steps = _STEPS  # [K]
     shift = 1  # every alive repeat matched exactly `shift` tokens so far
     while alive.size:
         at = row[alive]  # [A]
@@ -121,33 +143,48 @@ def _repeat_lengths(flat: np.ndarray, width: int, start: np.ndarray, bound: np.n
 
 def _few_penalties(window: np.ndarray, rows: HostRows, single: np.ndarray, groups: list[tuple[np.ndarray, np.ndarray]],
                    row: list[int], end: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`batch_penalties` for a handful of repeat ends `(row, end)`, in plain Python: NumPy's fixed cost per
-    call dominates there."""
+    """`batch_penalties` for a handful of repeat ends `(row, end)`, in plain Python: the same few calls
+    repeated (scalar reads of the window) instead of dozens of different NumPy functions, each of which
+    costs several microseconds when the step's other work has evicted its code from the caches."""
     width = window.shape[1]
     flat = window.reshape(-1)
+    starts, alloweds, caps = rows.start.tolist(), rows.allowed.tolist(), rows.cap.tolist()
     found: list[tuple[int, int, int]] = []  # (row, end, length) of the repeats long enough, before the limit
     for r, e in zip(row, end):
-        allowed, cap = int(rows.allowed[r]), int(rows.cap[r])
-        length = _one_length(flat, r * width, width, int(rows.start[r]), allowed + cap if cap > 0 else width, e)
+        allowed, cap = alloweds[r], caps[r]
+        length = _one_length(flat, r * width, width, starts[r], allowed + cap if cap > 0 else width, e)
         if length >= allowed:
             found.append((r, e, length))
     if not found:
         return _NOTHING
-    limits = _rep_limit(window, rows.start, max(length for _, _, length in found), single, groups).tolist()
-    longest: dict[tuple[int, int], int] = {}  # (row, token) -> its largest exponent
+    longest = max(length for _, _, length in found)
+    if groups:
+        limits = _rep_limit(window, rows.start, longest, single, groups).tolist()
+    else:
+        limits = [_single_limit(flat, r * width, width, starts[r], longest, single) for r in range(len(starts))]
+    best: dict[tuple[int, int], int] = {}  # (row, token) -> its largest exponent
     for r, e, length in found:
-        allowed, cap = int(rows.allowed[r]), int(rows.cap[r])
+        allowed, cap = alloweds[r], caps[r]
         token = int(flat[r * width + e + 1])
         length = min(length, limits[r])
         if length < allowed or single[token]:
             continue
         exponent = length - allowed if cap <= 0 else min(length - allowed, cap)
-        longest[r, token] = max(exponent, longest.get((r, token), -1))
-    if not longest:
+        best[r, token] = max(exponent, best.get((r, token), -1))
+    if not best:
         return _NOTHING
-    keys = list(longest)
+    keys = list(best)
     return (np.array([r for r, _ in keys], dtype=np.int64), np.array([t for _, t in keys], dtype=np.int64),
-            _penalties(rows, [r for r, _ in keys], list(longest.values())))
+            _penalties(rows, [r for r, _ in keys], list(best.values())))
+
+
+def _single_limit(flat: np.ndarray, offset: int, width: int, start: int, longest: int, single: np.ndarray) -> int:
+    """`_rep_limit` of one row with single-token breakers only, by scalar reads from the end: the breaker
+    nearest the end matters only within the last `longest` tokens (else any value >= `longest`)."""
+    for position in range(width - 1, max(start, width - longest) - 1, -1):
+        if single[flat[offset + position]]:
+            return width - 1 - position
+    return width - start
 
 
 def _one_length(flat: np.ndarray, offset: int, width: int, start: int, bound: int, end: int) -> int:

@@ -150,7 +150,9 @@ class DRYLogitsProcessor(LogitsProcessor):
             window = ids[chosen, length - width:]  # [B', M], a copy
             host = settings.host_rows(chosen, [width - windows[row] for row in chosen])
         # C order, as batch_penalties reads it flat: a copy only when part of the ids
-        found, tokens, amounts = batch_penalties(np.ascontiguousarray(window), host, single, groups)
+        if not window.flags.c_contiguous:
+            window = np.ascontiguousarray(window)
+        found, tokens, amounts = batch_penalties(window, host, single, groups)
         out = scores if scores_owned() else scores.clone()
         if not found.size:
             return out
@@ -288,10 +290,11 @@ class _RowSettings:
     def host_rows(self, chosen: list[int], start: list[int]) -> HostRows:
         """The chosen rows' `HostRows`, their windows beginning at `start`."""
         multiplier, base, caps = self._values
+        allowed = [self.allowed[row] for row in chosen]
         return HostRows(np.array(start, dtype=np.int64),
                         [multiplier[row] for row in chosen], [base[row] for row in chosen],
-                        np.array([self.allowed[row] for row in chosen], dtype=np.int64),
-                        np.array([caps[row] for row in chosen], dtype=np.int64))
+                        np.array(allowed, dtype=np.int64), np.array([caps[row] for row in chosen], dtype=np.int64),
+                        pair=min(allowed, default=1) >= 2, shifted=any(start))
 
 
 def _signed(value: int) -> int:
