@@ -125,7 +125,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         rows, vocab = scores.shape
         ids = input_ids.numpy()[:, first:]  # [B, M], the caller's memory: read only
         # else one row's id would land in another row; unsigned, a negative id is huge: one reduction
-        if (ids.view(np.uint64).max() if ids.dtype == np.int64 else max(-ids.min(), ids.max() - vocab + 1)) >= vocab:
+        if ids.view(np.uint64).max() >= vocab if ids.dtype == np.int64 else ids.min() < 0 or ids.max() >= vocab:
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise IndexError(f"{type(self).__name__}: `input_ids` hold token id {bad}, outside the vocabulary "
                              f"of the scores ({vocab} columns).")

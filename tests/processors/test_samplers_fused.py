@@ -268,8 +268,9 @@ def test_the_penalties_numpy_path_equals_the_batched_path(rows, vocab, length, d
 def test_the_penalties_numpy_path_refuses_ids_outside_the_vocabulary():
     processor = PresenceFrequencyPenaltyLogitsProcessor(0.5, 0.5, penalty_last_n=-1)
     for bad in (9, -1):
-        with pytest.raises(IndexError, match=f"token id {bad}, outside the vocabulary of the scores"):
-            processor(torch.tensor([[1, bad, 2], [0, 1, 2]]), torch.zeros(2, 9))
+        for dtype in (torch.int64, torch.int32):
+            with pytest.raises(IndexError, match=f"token id {bad}, outside the vocabulary of the scores"):
+                processor(torch.tensor([[1, bad, 2], [0, 1, 2]], dtype=dtype), torch.zeros(2, 9))
 
 
 @pytest.mark.parametrize("vocab", [40, 1000, WIDE])
