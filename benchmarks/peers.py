@@ -121,14 +121,23 @@ def no_breakers_history(rows: int, length: int, vocab: int, breakers: set[int], 
     return ids
 
 
-def columns(median: dict[str, float], peers: list[str]) -> str:
-    """Each peer's milliseconds and its time over hfbridge's."""
-    return " | ".join(f"{median[name] * 1e3:.3f} | {median[name] / median['hfbridge']:.2f}" for name in peers)
-
-
 def llama_run(chain: Chain, scores: torch.Tensor) -> tuple:
     """llama.cpp's loop over the rows, its arrays filled from `scores` before the timer."""
     return lambda: chain.rows(scores), chain.apply
+
+
+def llama_case(chain: Chain, scores: torch.Tensor, expected: torch.Tensor) -> tuple[bool, tuple]:
+    """Whether llama.cpp's chain gives `expected` (within 1e-5: it computes its penalties in float32), and its
+    run for `race`."""
+    done = chain.rows(scores)
+    chain.apply(done)
+    return bool(torch.allclose(expected, done.dense(), rtol=0, atol=1e-5)), llama_run(chain, scores)
+
+
+def peer_cells(median: dict[str, float], equal: dict[str, bool], peers: list[str]) -> str:
+    """Each peer's milliseconds, its time over hfbridge's and whether its values agree, as table cells."""
+    return " | ".join(f"{median[name] * 1e3:.3f} | {median[name] / median['hfbridge']:.2f} | {equal[name]}"
+                      for name in peers)
 
 
 def dry_cases(tgw: dict | None, rounds: int, llama: bool) -> list[str]:
@@ -153,16 +162,10 @@ def dry_cases(tgw: dict | None, rounds: int, llama: bool) -> list[str]:
                 runs["tgw"] = (lambda: scores.clone(), lambda s: theirs(ids, s))
             if llama:  # no breakers (they need a vocabulary): the history holds none anyway
                 chain = Chain(rows, ids, dry_multiplier=0.8, dry_base=1.75, dry_allowed_length=2, dry_last_n=length)
-                done = chain.rows(scores)
-                chain.apply(done)
-                # llama.cpp computes the penalty `multiplier * base ** n` in float32: within 1e-5
-                equal["llama.cpp"] = bool(torch.allclose(expected, done.dense(), rtol=0, atol=1e-5))
-                runs["llama.cpp"] = llama_run(chain, scores)
+                equal["llama.cpp"], runs["llama.cpp"] = llama_case(chain, scores, expected)
             median = race(runs, rounds)
-            cells = " | ".join(f"{median[name] * 1e3:.3f} | {median[name] / median['hfbridge']:.2f} | {equal[name]}"
-                               for name in peers)
             lines.append(f"| {rows} | {vocab} | {length} | {median['hfbridge'] * 1e3:.3f} | "
-                         f"{median['standalone'] * 1e3:.3f} | {cells} |")
+                         f"{median['standalone'] * 1e3:.3f} | {peer_cells(median, equal, peers)} |")
     return lines
 
 
@@ -190,14 +193,9 @@ def penalty_cases(tgw: dict | None, rounds: int, llama: bool) -> list[str]:
             runs["tgw"] = (lambda: scores.clone(), both)
         if llama:
             chain = Chain(rows, ids, penalty_last_n=1024, frequency=0.5, presence=0.5)
-            done = chain.rows(scores)
-            chain.apply(done)
-            equal["llama.cpp"] = bool(torch.allclose(expected, done.dense(), rtol=0, atol=1e-5))
-            runs["llama.cpp"] = llama_run(chain, scores)
+            equal["llama.cpp"], runs["llama.cpp"] = llama_case(chain, scores, expected)
         median = race(runs, rounds)
-        cells = " | ".join(f"{median[name] * 1e3:.3f} | {median[name] / median['hfbridge']:.2f} | {equal[name]}"
-                           for name in peers)
-        lines.append(f"| {rows} | {vocab} | {median['hfbridge'] * 1e3:.3f} | {cells} |")
+        lines.append(f"| {rows} | {vocab} | {median['hfbridge'] * 1e3:.3f} | {peer_cells(median, equal, peers)} |")
     return lines
 
 
