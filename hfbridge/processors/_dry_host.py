@@ -1,11 +1,13 @@
 """DRY's path for CPU tensors: every row's window searched at once with NumPy.
 
-The device path (`dry.py`) runs about 360 torch operations whatever the batch, a fixed cost that
-dominates on a CPU. Here the whole batch costs a few dozen NumPy operations on a view of
-`input_ids`: the positions holding a row's last token are the only possible repeats, and each round
-extends the ones still matching by up to `_CHUNK` tokens backwards at once, so the work follows the
-repeats present, not the windows' length (one round for repeats shorter than the chunk). The
-penalties reach the scores in one indexed write. Same definition, same results as the device path
+The device path (`dry.py`) runs about 210 torch operations whatever the batch, a fixed cost that
+dominates on a CPU. Here the whole batch costs a few NumPy operations on a view of `input_ids`: the
+positions holding a row's last token (its last two, when every row's `allowed_length` is at least 2)
+are the only possible repeats; up to `_FEW` of them are extended backwards in plain Python (the same
+few calls repeated: each distinct NumPy function costs microseconds once a step's other work has
+evicted its code from the caches), more by `_CHUNK` tokens a round with NumPy, so the work follows the
+repeats present, not the windows' length. The breakers are looked for only as far back as the
+longest repeat found. The penalties reach the scores in one indexed write. Same definition, same results as the device path
 (the penalty is `multiplier * base ** e` in double, rounded once to the scores' dtype: float32 as
 llama.cpp computes it).
 
