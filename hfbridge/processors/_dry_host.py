@@ -7,9 +7,9 @@ are the only possible repeats; up to `_FEW` of them are extended backwards in pl
 few calls repeated: each distinct NumPy function costs microseconds once a step's other work has
 evicted its code from the caches), more by `_CHUNK` tokens a round with NumPy, so the work follows the
 repeats present, not the windows' length. The breakers are looked for only as far back as the
-longest repeat found. The penalties reach the scores in one indexed write. Same definition, same results as the device path
-(the penalty is `multiplier * base ** e` in double, rounded once to the scores' dtype: float32 as
-llama.cpp computes it).
+longest repeat found. The penalties reach the scores in one indexed write. Same definition, same
+results as the device path (the penalty is `multiplier * base ** e` in double, rounded once to the
+scores' dtype: float32 as llama.cpp computes it).
 
 >>> import numpy as np
 >>> single = np.zeros(8, dtype=bool)
