@@ -136,14 +136,13 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         where = keys // vocab, keys % vocab  # rows, tokens
         out = scores if scores_owned() else scores.clone()
         view = out.numpy()  # [B, V], the same memory
-        dtype = view.dtype.type
         old = view[where]  # [K]
-        repeat = np.array(self.repetition_penalty.for_rows(rows), dtype=dtype)[where[0]]
-        frequency = np.array(self.frequency_penalty.for_rows(rows), dtype=dtype)[where[0]]
-        presence = np.array(self.presence_penalty.for_rows(rows), dtype=dtype)[where[0]]
+        # the batched path's cached per-row values, read on the host
+        repeat, frequency, presence = (param.tensor(rows, scores.device, scores.dtype).numpy()[where[0]] for param in
+                                       (self.repetition_penalty, self.frequency_penalty, self.presence_penalty))
         with np.errstate(all="ignore"):  # inf and NaN scores give what torch gives, without warnings
             new = np.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
-            view[where] = new - (counts.astype(dtype) * frequency + presence)
+            view[where] = new - (counts.astype(view.dtype) * frequency + presence)
         return out
 
     def _counts(self, scores: torch.Tensor, window: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
