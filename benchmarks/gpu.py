@@ -217,7 +217,7 @@ def graph(repeats: int) -> None:
     print("|---|---:|---:|---:|---:|---|")
     for rows, vocab in [(1, 32000), (32, 128256)]:
         scores, ids = inputs(rows, vocab)
-        for name in ["top-p 0.9, T 0.8", "top-k 40, T 0.8", "min-p 0.05"]:
+        for name in FAST_OPTIONS:
             options = fast_options(name, rows)
             sampler = Sampler(fast=True, **options)
             static_scores, static_ids = scores.clone(), ids.clone()
