@@ -21,7 +21,7 @@ with that row's scalar values and applied to that row alone. How:
    torch divides by a scalar as a multiplication by its float32 reciprocal, and so does this).
    Everything else (your own processors, options given as scalars) runs once on the whole batch.
 4. `fast=True` draws once per group, with the group's own HF list (`RowPlan.fast_groups`); on CPU
-   groups that differ only in temperature and top-p share one draw, the temperature a `(n, 1)` tensor
+   and CUDA groups that differ only in temperature and top-p share one draw, the temperature a `(n, 1)` tensor
    and the top-p a `(n, 1)` tensor every top-p route of the fast path takes (`tensor_top_p`).
 
 The loop over groups runs once per distinct combination of values, never once per row of equal values.
@@ -216,7 +216,7 @@ class RowPlan:
                 if part is not None:
                     group_list.append(part)
             if kind == "TemperatureLogitsWarper" and device.type in _TEMPERATURE_DEVICES:
-                divisors = self._temperatures(parts)  # [N, 1], on CPU (the fast groups use it on CPU only)
+                divisors = self._temperatures(parts)  # [N, 1], kept on CPU (a fast group moves its rows')
                 merged.append(PerRowTemperature(divisors, device))
                 self.positions.append(("temperature", divisors, parts))
             else:
@@ -236,10 +236,10 @@ class RowPlan:
 
     def fast_groups(self, device: torch.device, start: int = 0) -> list[tuple[list[int], torch.Tensor, list, bool]]:
         """`(rows, (n,) index, processors, samples)` per fast draw, the processors from the template's place
-        `start` on: on CPU, rows whose values differ only in temperature and top-p share one, with a
-        `(n, 1)` temperature the fast path divides by (the same bits as HF's division, see
-        `PerRowTemperature`) and a `(n, 1)` top-p every top-p route takes (`tensor_top_p`); elsewhere,
-        or when a processor keeps state per row, one per group, with its own HF list.
+        `start` on: on CPU and CUDA, rows whose values differ only in temperature and top-p share one,
+        with a `(n, 1)` temperature the fast path applies as HF's division does there (`FastState.divided`,
+        `PerRowTemperature`) and a `(n, 1)` top-p every top-p route takes (`tensor_top_p`); on other
+        devices, or when a processor keeps state per row, one per group, with its own HF list.
         """
         positions = self.positions[start:]
         stateful = any(is_stateful(part) for kind, _, parts in positions for part in parts
@@ -247,7 +247,7 @@ class RowPlan:
         top_p_places = [place for place, (kind, held, _) in enumerate(positions)
                         if kind == "parts" and any(type(part).__name__ == "TopPLogitsWarper" for part in held)]
         temperatures = any(kind == "temperature" for kind, _, _ in positions)
-        if device.type != "cpu" or stateful or not (top_p_places or temperatures):
+        if device.type not in _TEMPERATURE_DEVICES or stateful or not (top_p_places or temperatures):
             return [(rows, index, self.group_tail(number, start), self.samples[rows[0]])
                     for number, ((_, rows), index) in enumerate(zip(self.groups, self.indices))]
         skip = {self.names.index(name) for name in ("temperature", "top_p") if name in self.names}
@@ -272,7 +272,7 @@ class RowPlan:
                     processors.append(_joined_top_p([held[owner[row]] for row in rows], device)
                                       if place in top_p_places else held[first])
                 elif kind == "temperature" and samples:
-                    processors.append(tensor_temperature(held.index_select(0, index)))
+                    processors.append(tensor_temperature(held[rows].to(device)))  # `held` stays on CPU
             result.append((rows, index, processors, samples))
         return result
 
@@ -318,7 +318,8 @@ def tensor_top_p(values: Sequence[float], min_tokens_to_keep: int = 1, filter_va
 
 def tensor_temperature(divisors: torch.Tensor) -> Any:
     """HF's `TemperatureLogitsWarper` holding `(rows, 1)` float32 divisors instead of a float: the fast
-    path reads `.temperature` and divides by it (CPU only: there the division gives HF's bits).
+    path reads `.temperature` and applies it as HF's division by a float does (`FastState.divided`: on CPU
+    a division, on CUDA a multiplication by the float32 reciprocal).
 
     >>> tensor_temperature(torch.tensor([[2.0]]))(None, torch.ones(1, 2)).tolist()
     [[0.5, 0.5]]

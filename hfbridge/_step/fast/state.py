@@ -41,18 +41,28 @@ class FastState:
         self.owned = not read_only  # False: the caller's tensor, copied before anything writes to it
         self.pending: Pending | None = None  # a filter decided but not written into `scores`
         self.filter_value = _NEG_INF  # what `pending` writes over the tokens it removes
-        self.temperature: float | None = None  # a division not yet applied to `scores`
+        # a division not yet applied to `scores`: HF's float, or `(rows, 1)` float32 (per-row values)
+        self.temperature: float | torch.Tensor | None = None
 
     def divided(self) -> torch.Tensor:
         """`scores` with the pending temperature divided in (not the pending filter), to read only.
 
         A borrowed tensor is divided out of place: one pass that is also the private copy.
         """
-        if self.temperature is not None:
-            if self.owned:
-                self.scores.div_(self.temperature)  # HF: scores / temperature
+        temperature = self.temperature
+        if temperature is not None:
+            if isinstance(temperature, torch.Tensor) and self.scores.device.type == "cuda":
+                # (rows, 1) temperatures: HF divides by a Python float, which torch on CUDA runs as a
+                # multiplication by its float32 reciprocal (IEEE division on host and device alike)
+                factor = torch.reciprocal(temperature)  # [N, 1]
+                if self.owned:
+                    self.scores.mul_(factor)
+                else:
+                    self.scores, self.owned = self.scores * factor, True
+            elif self.owned:
+                self.scores.div_(temperature)  # HF: scores / temperature
             else:
-                self.scores, self.owned = self.scores / self.temperature, True
+                self.scores, self.owned = self.scores / temperature, True
             self.temperature = None
         return self.scores
 
