@@ -80,6 +80,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import (
     LogitsProcessorList,
@@ -93,11 +94,11 @@ from hfbridge._step.cpu_shortcuts import cpu_shortcuts
 from hfbridge._step.fast.candidates import top_candidates
 from hfbridge._step.fast.min_p_candidates import min_p_among
 from hfbridge._step.fast.one_row import one_row_top_k
-from hfbridge._step.fast.pending import Candidates, Mask
+from hfbridge._step.fast.pending import Candidates, Mask, OneRow
 from hfbridge._step.fast.state import FastState
 from hfbridge._step.fast.top_p.mask import top_p_mask
 from hfbridge._step.fast.top_p.route_table import top_p_plan
-from hfbridge._step.fast.weighted_draw import draw, host_view
+from hfbridge._step.fast.weighted_draw import draw
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge.processors import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors._host import owned_scores
@@ -268,15 +269,23 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
     k = min(processor.top_k, vocab)  # HF's own clamp; HF already folded min_tokens_to_keep into top_k
     if k == vocab:
         return  # HF's threshold is then the row's minimum: nothing is removed
-    if candidates:
-        # The k best are all that survive unless the (k+1)-th ties with the k-th (HF keeps ties).
-        # Dividing by a positive temperature keeps the order, so the candidates of the undivided
-        # scores are HF's, and dividing just them gives HF's values bit for bit.
-        one_row = one_row_top_k(state.scores, k + 1) if state.scores.shape[0] == 1 else None  # NumPy views
-        cand, ids = top_candidates(state.scores, k + 1) if one_row is None else one_row  # [N, k+1]
+    # The k best are all that survive unless the (k+1)-th ties with the k-th (HF keeps ties).
+    # Dividing by a positive temperature keeps the order, so the candidates of the undivided
+    # scores are HF's, and dividing just them gives HF's values bit for bit.
+    found = one_row_top_k(state.scores, k + 1) if candidates and state.scores.shape[0] == 1 else None
+    if found is not None:  # one CPU row, NumPy, [k+1] each: torch's per-op cost would dominate
+        values, row_ids = found
+        if state.temperature is not None:  # NumPy's float32 division is torch's, bit for bit (IEEE)
+            with np.errstate(all="ignore"):  # a score that overflows gives inf, as torch's, without a warning
+                values = values / np.float32(float(state.temperature))  # a (1, 1) per-row one: its float
+        if values[k - 1] > values[k]:
+            state.filtered(processor.filter_value, OneRow(row_ids[:k], values[:k]))
+            return
+    elif candidates:
+        cand, ids = top_candidates(state.scores, k + 1)  # [N, k+1]
         if state.temperature is not None:
             cand = cand / state.temperature
-        if _strictly_above(cand, k):
+        if bool((cand[:, k - 1] > cand[:, k]).all()):
             keep = torch.ones_like(ids[:, :k], dtype=torch.bool)
             state.filtered(processor.filter_value, Candidates(ids[:, :k], cand[:, :k], keep, all_kept=True))
             return
@@ -285,19 +294,10 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
     state.filtered(processor.filter_value, Mask((scores < kth).logical_not_()))  # HF's test: NaN stays
 
 
-def _strictly_above(cand: torch.Tensor, k: int) -> bool:
-    """Whether every row's k-th candidate is above its (k+1)-th (then no tie crosses HF's threshold);
-    a single row is read on a NumPy view."""
-    if cand.shape[0] == 1:
-        row = host_view(cand)[0]
-        return bool(row[k - 1] > row[k])
-    return bool((cand[:, k - 1] > cand[:, k]).all())
-
-
 def _min_p_on_candidates(state: FastState, processor: MinPLogitsWarper) -> bool:
     """HF's min-p decided on the candidates a top-k (or top-p) left, when it can be: True if done."""
     pending = state.pending
-    if (not isinstance(pending, Candidates) or state.filter_value != _NEG_INF
+    if (not isinstance(pending, (Candidates, OneRow)) or state.filter_value != _NEG_INF
             or processor.filter_value != _NEG_INF or processor.min_tokens_to_keep != 1):
         return False
     decided = min_p_among(pending, processor.min_p)

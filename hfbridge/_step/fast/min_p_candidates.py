@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hfbridge._step.fast.pending import Candidates
+from hfbridge._step.fast.pending import Candidates, OneRow
 from hfbridge._step.fast.weighted_draw import host_view
 
 __all__ = ["min_p_among"]
@@ -43,6 +43,8 @@ def min_p_among(pending: Candidates, min_p: float) -> Candidates | None:
     """
     if not min_p >= _SMALLEST:  # HF's threshold `min_p * max` would be subnormal or 0 in float32
         return None
+    if isinstance(pending, OneRow):
+        return _one_row_kept(pending, min_p)
     if pending.ids.shape[0] == 1:  # one row: NumPy on views, torch's per-op cost would dominate
         return _one_row(pending, min_p)
     cand = pending.cand.masked_fill(~pending.keep, _NEG_INF)  # [N, K]; removed: probability 0
@@ -53,6 +55,18 @@ def min_p_among(pending: Candidates, min_p: float) -> Candidates | None:
     if not bool((far | ~pending.keep).all()):
         return None
     return pending._replace(keep=pending.keep & (ratio >= min_p), all_kept=False)
+
+
+def _one_row_kept(pending: OneRow, min_p: float) -> OneRow | None:
+    """`min_p_among` for a `OneRow`: its survivors are its best (a prefix), and so are min-p's."""
+    cand = pending.cand[: pending.kept]  # [n] float32, best first
+    if cand.shape[0] == 0:
+        return None
+    with np.errstate(invalid="ignore"):  # inf - inf: NaN, undecided
+        ratio = np.exp((cand - cand[0]).astype(np.float64))  # [n]; HF's float32 difference
+        if not (np.abs(ratio - min_p) > _MARGIN * min_p).all():
+            return None
+    return pending._replace(kept=int(np.count_nonzero(ratio >= min_p)))
 
 
 def _one_row(pending: Candidates, min_p: float) -> Candidates | None:

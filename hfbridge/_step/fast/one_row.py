@@ -42,11 +42,13 @@ import math
 import numpy as np
 import torch
 
+from hfbridge._step.fast.pending import OneRow
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
 from hfbridge._step.fast.weighted_draw import host_view
 
-__all__ = ["MAX_SORTED", "one_row_count", "one_row_kept", "one_row_top_k", "one_row_top_p"]
+__all__ = ["MAX_SORTED", "one_row_after", "one_row_count", "one_row_kept", "one_row_top_k", "one_row_top_p"]
 
+_NEG_INF = float("-inf")
 MAX_SORTED = 4096  # tokens sorted at most; a row with more at the cut goes to the general routes
 _EXPONENT_SHIFT = 23  # float32: 23 mantissa bits below the exponent field
 _SUB_SHIFT = 15  # the next 8 bits split a binade into 256 buckets
@@ -84,9 +86,9 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
 _GROUPS = 64  # `one_row_top_k`: tokens per group, one V/64-th of the row apart
 
 
-def one_row_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def one_row_top_k(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray] | None:
     """The `k` largest scores of a one-row CPU batch, descending (equal scores by ascending id), and
-    their ids, each `(1, k)` (`top_candidates`' answer), on NumPy views; None to decline.
+    their ids, each a `(k,)` NumPy array (`top_candidates`' answer for the row); None to decline.
 
     Groups of 64 tokens, one 64th of the row apart (the maximum reduces an outer axis: one vectorised
     pass), and the tail past the last whole group; `tau`, the k-th largest group maximum: those k
@@ -96,7 +98,7 @@ def one_row_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
 
     >>> cand, ids = one_row_top_k(torch.arange(4096.0)[None].flip(-1), 3)
     >>> cand.tolist(), ids.tolist()
-    ([[4095.0, 4094.0, 4093.0]], [[0, 1, 2]])
+    ([4095.0, 4094.0, 4093.0], [0, 1, 2])
     """
     vocab = scores.shape[-1]
     full = vocab - vocab % _GROUPS
@@ -114,7 +116,7 @@ def one_row_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
         return None
     values = row[ids]
     order = np.argsort(-values, kind="stable")[:k]  # descending; equal scores keep id order
-    return torch.from_numpy(values[order][None]), torch.from_numpy(ids[order][None])
+    return values[order], ids[order]
 
 
 def one_row_kept(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,
@@ -197,6 +199,22 @@ def _dense_keep(scores: torch.Tensor, p: np.ndarray, bits: np.ndarray, in_binade
     if int(np.count_nonzero(keep)) < at_least:
         return None
     return torch.from_numpy(keep[None])
+
+
+def one_row_after(previous: OneRow, top_p: float, at_least: int) -> OneRow:
+    """HF's top-p on one CPU row after a filter that left `previous` (-inf everywhere else): the softmax of
+    the candidates (removed ones -inf) by torch, as the batched route's, the count on NumPy.
+
+    >>> kept = one_row_after(OneRow(np.array([4, 1, 0]), np.array([2.0, 1.0, -2.0], dtype=np.float32)), 0.9, 1)
+    >>> kept.ids.tolist(), kept.kept
+    ([4, 1, 0], 2)
+    """
+    cand, kept = previous.cand, previous.kept
+    if kept is not None:
+        cand = np.where(np.arange(cand.shape[0]) < kept, cand, np.float32(_NEG_INF))  # [K]
+    count = one_row_count(torch.softmax(torch.from_numpy(cand)[None], dim=-1), top_p, at_least)
+    # a token an earlier filter removed stays removed, whatever `min_tokens_to_keep` says (HF's is -inf)
+    return previous._replace(kept=count if kept is None else min(count, kept))
 
 
 def one_row_count(probs: torch.Tensor, top_p: float, at_least: int) -> int:

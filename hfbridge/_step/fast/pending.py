@@ -9,7 +9,7 @@ None: write first, then draw from the softmax).
 | --- | --- | --- |
 | `Mask` | min-p, top-k without candidates, top-p's exact and radix cuts | `(batch, vocab)` kept, the softmax |
 | `Candidates` | top-k and top-p when the best tokens hold every cut | `(batch, K)` ids, scores, which survive |
-| `OneRow` | top-p on one CPU row (`one_row.py`) | `(K,)` NumPy ids and scores, all kept |
+| `OneRow` | one CPU row: top-k, top-p (`one_row.py`); top-p, min-p after them | `(K,)` NumPy ids, scores; kept |
 | `Draw` | top-p keeping many tokens, CPU (`top_p/draw_then_check.py`) | the cut left to the draw's check |
 | `Fixed` | top-p under `torch.compile` (`top_p/compiled.py`) | the fixed-shape cut |
 
@@ -82,17 +82,23 @@ class Candidates(NamedTuple):
 
 
 class OneRow(NamedTuple):
-    """The one-row CPU top-p's kept tokens, `(K,)` NumPy arrays, best first; tensors made only if read."""
+    """A one-row CPU filter's tokens as `(K,)` NumPy arrays, best first (equal scores by id): the one-row
+    top-p's kept tokens, or a top-k's candidates; the first `kept` survive (None: all). Tensors are
+    made only if something reads the scores."""
 
     ids: np.ndarray  # [K] int64
     cand: np.ndarray  # [K] float32
+    kept: int | None = None
 
     def write(self, scores: torch.Tensor, filter_value: float) -> torch.Tensor:
-        ids, cand = torch.from_numpy(self.ids[None]), torch.from_numpy(self.cand[None])  # [1, K]
-        return Candidates(ids, cand, torch.ones_like(ids, dtype=torch.bool)).write(scores, filter_value)
+        ids, cand = torch.from_numpy(self.ids[None, : self.kept]), torch.from_numpy(self.cand[None, : self.kept])
+        return Candidates(ids, cand, torch.ones_like(ids, dtype=torch.bool)).write(scores, filter_value)  # [1, kept]
 
     def draw(self, scores: torch.Tensor, generator: torch.Generator | None) -> Drawn:
-        return draw_kept(self.ids, self.cand, None, generator)
+        # the weights of all K candidates, the removed masked: the same token as the batched `Candidates`
+        kept, size = self.kept, self.cand.shape[0]
+        keep = None if kept is None or kept >= size else np.arange(size) < kept  # [K]
+        return draw_kept(self.ids, self.cand, keep, generator)
 
 
 class Draw(NamedTuple):

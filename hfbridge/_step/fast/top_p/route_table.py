@@ -34,11 +34,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from hfbridge._step.fast.candidates import TopPTry, top_p_count
-from hfbridge._step.fast.one_row import one_row_count, one_row_kept
+from hfbridge._step.fast.one_row import one_row_after, one_row_kept
 from hfbridge._step.fast.pending import Candidates, Draw, Fixed, Mask, OneRow, Pending
 from hfbridge._step.fast.top_p.compiled import fixed_top_p
 from hfbridge._step.fast.top_p.device_sort import sorted_top_p_keep
@@ -66,16 +65,17 @@ def top_p_plan(state: FastState, top_p: TopP, at_least: int, *, candidates: bool
         memo: The `Sampler`'s dict kept between steps (candidate counts, bounds), or None.
     """
     previous = state.pending
+    if isinstance(previous, OneRow) and state.filter_value == _NEG_INF:
+        # one CPU row after top-k (or top-p): its candidates hold the whole answer, counted on NumPy
+        return one_row_after(previous, float(top_p), at_least)  # a (1, 1) per-row top-p: its float
     if isinstance(previous, Candidates) and state.filter_value == _NEG_INF:
         # After top-k every other token has probability 0, so the candidates hold the whole answer.
         cand = previous.cand if previous.all_kept else previous.cand.masked_fill(~previous.keep, _NEG_INF)  # [N, K]
         probs = torch.softmax(cand, dim=-1)
-        if candidates and cand.shape[0] == 1 and not isinstance(top_p, torch.Tensor):
-            # one CPU row: the count on a NumPy view (a dozen torch ops on 40 numbers cost more than the rest)
-            count = one_row_count(probs, top_p, at_least)
-            return Candidates(previous.ids, previous.cand, torch.from_numpy(np.arange(cand.shape[1]) < count)[None])
         kept = top_p_count(probs, torch.zeros_like(probs[:, :1], dtype=torch.float64), top_p, at_least)  # [N, 1]
-        return Candidates(previous.ids, previous.cand, torch.arange(cand.shape[1], device=cand.device) < kept)
+        # a token an earlier filter removed stays removed, whatever `min_tokens_to_keep` says (HF's is -inf)
+        first = torch.arange(cand.shape[1], device=cand.device) < kept  # [N, K]
+        return Candidates(previous.ids, previous.cand, previous.keep & first)
     scores = state.current()  # [N, V], read only
     probs = torch.softmax(scores, dim=-1)  # [N, V]
     if candidates:
