@@ -80,13 +80,20 @@ _INTACT = (
 def _intact_types() -> frozenset[type]:
     from transformers.generation import logits_process
 
-    found = (getattr(logits_process, name, None) for name in _INTACT)
+    from hfbridge import processors
+
+    found = [getattr(logits_process, name, None) for name in _INTACT]
+    # hfbridge's samplers that keep no state: they read the ids (NumPy views, index ops) and keep no
+    # reference to them (a stateful one remembers rows; a caller that writes its ids in place would change them)
+    found += [processors.PresenceFrequencyPenaltyLogitsProcessor, processors.DRYLogitsProcessor,
+              processors.XTCLogitsWarper, processors.TopNSigmaLogitsWarper, processors.DynamicTemperatureLogitsWarper,
+              processors.SmoothingLogitsWarper]
     return frozenset(kind for kind in found if isinstance(kind, type))
 
 
 def keeps_ids_intact(processors: Iterable[Any]) -> bool:
-    """Whether none of `processors` can modify the token ids it is given: each is exactly one of
-    HF's own option-built classes (a subclass may override `__call__`), so the step may pass the
-    caller's ids without a private copy."""
+    """Whether none of `processors` can modify the token ids it is given or keep them: each is exactly one
+    of HF's own option-built classes or hfbridge's stateless samplers (a subclass may override `__call__`),
+    so the step may pass the caller's ids without a private copy."""
     intact = _intact_types()
     return all(type(processor) in intact for processor in processors)

@@ -35,6 +35,7 @@ Batched: the window's tokens are counted by one scatter; no loop over rows or to
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -81,6 +82,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
                 "prompt included (-1 = all of them, llama.cpp's meaning)."
             )
         self.prompt_length = prompt_length
+        self._host_cache: dict[tuple[int, torch.dtype], tuple] = {}  # `_host_values`, per batch size and dtype
 
     def _starts(self, rows: int, length: int) -> list[int]:
         """Per row, the first position of `input_ids` in the window (`length` = off)."""
@@ -119,31 +121,51 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         return scores.scatter_(1, window, values) if scores_owned() else scores.scatter(1, window, values)
 
     def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, starts: list[int], first: int) -> torch.Tensor:
-        """The same arithmetic on NumPy views, for a short window: each (row, token) counted once by a sort
-        of `row * vocab + token`, then `old -> old * or / repeat - (count * frequency + presence)` in the
-        scores' dtype, op for op as the batched path (IEEE operations give the same bits)."""
+        """The same arithmetic on NumPy views, for a short window: each (row, token) counted once (one row:
+        Python's `Counter` on the window's ids; more: a sort of `row * vocab + token`), then
+        `old -> old * or / repeat - (count * frequency + presence)` in the scores' dtype, op for op as the
+        batched path (IEEE operations give the same bits)."""
         rows, vocab = scores.shape
         ids = input_ids.numpy()[:, first:]  # [B, M], the caller's memory: read only
-        # else one row's id would land in another row; unsigned, a negative id is huge: one reduction
-        if ids.view(np.uint64).max() >= vocab if ids.dtype == np.int64 else ids.min() < 0 or ids.max() >= vocab:
-            bad = int(ids[(ids < 0) | (ids >= vocab)][0])
-            raise IndexError(f"{type(self).__name__}: `input_ids` hold token id {bad}, outside the vocabulary "
-                             f"of the scores ({vocab} columns).")
-        keys = ids + np.arange(rows)[:, None] * vocab  # [B, M]: row * vocab + token
-        if any(start != first for start in starts):
-            keys = keys[np.arange(ids.shape[1]) >= np.array(starts)[:, None] - first]  # each row's own window
-        keys, counts = _counted(keys.ravel())  # [K] each (row, token) once
-        where = keys // vocab, keys % vocab  # rows, tokens
+        where: Any
+        if rows == 1:  # a plain Python count of a few dozen ids costs less than any NumPy sort
+            counter = Counter(ids[0].tolist())
+            if min(counter) < 0 or max(counter) >= vocab:
+                _outside(self, ids, vocab)
+            where = 0, np.fromiter(counter, dtype=np.int64, count=len(counter))  # [K] tokens
+            counts = np.fromiter(counter.values(), dtype=np.int64, count=len(counter))  # [K]
+        else:
+            # else one row's id would land in another row; unsigned, a negative id is huge: one reduction
+            if ids.view(np.uint64).max() >= vocab if ids.dtype == np.int64 else ids.min() < 0 or ids.max() >= vocab:
+                _outside(self, ids, vocab)
+            keys = ids + np.arange(rows)[:, None] * vocab  # [B, M]: row * vocab + token
+            if any(start != first for start in starts):
+                keys = keys[np.arange(ids.shape[1]) >= np.array(starts)[:, None] - first]  # each row's own window
+            keys, counts = _counted(keys.ravel())  # [K] each (row, token) once
+            where = keys // vocab, keys % vocab  # rows, tokens
         out = scores if scores_owned() else scores.clone()
         view = out.numpy()  # [B, V], the same memory
         old = view[where]  # [K]
-        # the batched path's cached per-row values, read on the host
-        repeat, frequency, presence = (param.tensor(rows, scores.device, scores.dtype).numpy()[where[0]] for param in
-                                       (self.repetition_penalty, self.frequency_penalty, self.presence_penalty))
+        repeat, frequency, presence = self._host_values(rows, scores.dtype)  # [B] each, in the scores' dtype
+        if rows > 1:
+            repeat, frequency, presence = repeat[where[0]], frequency[where[0]], presence[where[0]]  # [K] each
         with np.errstate(all="ignore"):  # inf and NaN scores give what torch gives, without warnings
             new = np.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
             view[where] = new - (counts.astype(view.dtype) * frequency + presence)
         return out
+
+    def _host_values(self, rows: int, dtype: torch.dtype) -> tuple[np.ndarray, ...]:
+        """`(rows,)` repetition, frequency and presence values in `dtype`, NumPy views of the batched path's
+        cached tensors; one row's are its NumPy scalars (the same arithmetic)."""
+        key = (rows, dtype)
+        cached = self._host_cache.get(key)
+        if cached is None:
+            cached = tuple(param.tensor(rows, torch.device("cpu"), dtype).numpy() for param in
+                           (self.repetition_penalty, self.frequency_penalty, self.presence_penalty))
+            if rows == 1:
+                cached = tuple(values[0] for values in cached)
+            self._host_cache[key] = cached
+        return cached
 
     def _counts(self, scores: torch.Tensor, window: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`(rows, M)` how often each window position's token occurs in its row's window (`weights` 1 or 0).
@@ -167,6 +189,12 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         return (f"{type(self).__name__}(presence_penalty={self.presence_penalty}, frequency_penalty="
                 f"{self.frequency_penalty}, penalty_last_n={self.penalty_last_n}, prompt_length={self.prompt_length}, "
                 f"repetition_penalty={self.repetition_penalty})")
+
+
+def _outside(processor: Any, ids: np.ndarray, vocab: int) -> None:
+    bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+    raise IndexError(f"{type(processor).__name__}: `input_ids` hold token id {bad}, outside the vocabulary "
+                     f"of the scores ({vocab} columns).")
 
 
 def _counted(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -29,6 +29,27 @@ def logits_and_ids(seq=6):
     dict(epsilon_cutoff=0.01, min_length=9, eos_token_id=2, renormalize_logits=True, remove_invalid_values=True),
 ], ids=lambda o: ",".join(o))
 def test_hfs_option_built_processors_get_the_callers_ids(options):
+    _assert_the_callers_ids(options)
+
+
+@pytest.mark.parametrize("options", [
+    dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.1, penalty_last_n=4, dry_multiplier=0.8,
+         dry_sequence_breakers=[]),
+    dict(xtc_probability=0.5, xtc_threshold=0.1, top_n_sigma=1.0, dynatemp_range=0.3, smoothing_factor=0.2),
+], ids=["penalties,dry", "xtc,top_n_sigma,dynatemp,smoothing"])
+def test_hfbridges_stateless_samplers_get_the_callers_ids(options):
+    _assert_the_callers_ids(dict(options, do_sample=True))
+
+
+def test_a_stateful_sampler_gets_a_copy():
+    """Mirostat remembers its rows' ids: a caller writing its ids in place must not change what it holds."""
+    logits, ids = logits_and_ids()
+    sampler = Sampler(do_sample=True, mirostat=2, mirostat_tau=5.0)
+    assert not _step_inputs.keeps_ids_intact(sampler.processors)
+    assert sampler.prepare(logits, ids)[1].data_ptr() != ids.data_ptr()
+
+
+def _assert_the_callers_ids(options):
     logits, ids = logits_and_ids()
     assert _step_inputs.keeps_ids_intact(build_processors(**options))
     sampler = Sampler(**options)
@@ -58,7 +79,7 @@ def test_processors_that_could_write_the_ids_get_a_copy():
     assert _step_inputs.keeps_ids_intact([])
 
 
-@pytest.mark.parametrize("seq", [6, 2000])  # a Python list below 1024 ids, numpy's maximum above
+@pytest.mark.parametrize("seq", [6, 2000])  # a Python list up to 64 ids, numpy's maximum above
 @pytest.mark.parametrize("bad", [-1, V, 10**12, -(2**63)])
 def test_ids_outside_the_vocabulary_on_every_route(seq, bad):
     _, ids = logits_and_ids(seq)

@@ -33,12 +33,12 @@ _MARGIN = 1e-5  # relative distance to min_p beyond which float32 rounding canno
 _SMALLEST = 1e-30  # min_p * max stays a normal float32 (max >= 1 / K) for up to 10**7 candidates
 
 
-def min_p_among(pending: Candidates, min_p: float) -> Candidates | None:
+def min_p_among(pending: Candidates | OneRow, min_p: float) -> Candidates | OneRow | None:
     """`pending` with HF's min-p (`min_tokens_to_keep=1`) applied to its kept candidates, or None
     when some row's decision lies within rounding of `min_p` or the row has no distribution.
 
     Args:
-        pending: Candidates left by top-k or top-p with `-inf` written over every other token.
+        pending: Candidates (or one row's `OneRow`) left by top-k or top-p, `-inf` over every other token.
         min_p: `MinPLogitsWarper.min_p`.
     """
     if not min_p >= _SMALLEST:  # HF's threshold `min_p * max` would be subnormal or 0 in float32
