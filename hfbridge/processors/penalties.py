@@ -88,6 +88,9 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         """Per row, the first position of `input_ids` in the window (`length` = off)."""
         if self.penalty_last_n is None:
             return [min(int(self.prompt_length or 0), length)] * rows
+        if self.penalty_last_n.scalar:
+            n = self.penalty_last_n.values[0]
+            return [length if n == 0 else 0 if n == -1 else max(length - n, 0)] * rows
         return [length if n == 0 else 0 if n == -1 else max(length - n, 0)
                 for n in self.penalty_last_n.for_rows(rows)]
 
@@ -182,8 +185,12 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         return counts
 
     def _off(self, rows: int) -> bool:
-        return (self.presence_penalty.all(lambda v: v == 0) and self.frequency_penalty.all(lambda v: v == 0)
-                and self.repetition_penalty.all(lambda v: v == 1))
+        off = self.__dict__.get("_all_off")  # the values never change: decided once
+        if off is None:
+            off = self._all_off = (self.presence_penalty.all(lambda v: v == 0)
+                                   and self.frequency_penalty.all(lambda v: v == 0)
+                                   and self.repetition_penalty.all(lambda v: v == 1))
+        return off
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(presence_penalty={self.presence_penalty}, frequency_penalty="

@@ -20,6 +20,8 @@ caller then runs HF's arithmetic on the whole row. CPU eager only (one host read
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -60,13 +62,20 @@ def min_p_among(pending: Candidates | OneRow, min_p: float) -> Candidates | OneR
 def _one_row_kept(pending: OneRow, min_p: float) -> OneRow | None:
     """`min_p_among` for a `OneRow`: its survivors are its best (a prefix), and so are min-p's."""
     cand = pending.cand[: pending.kept]  # [n] float32, best first
-    if cand.shape[0] == 0:
+    if cand.shape[0] == 0 or not math.isfinite(cand[0]):  # +inf: HF's softmax is all NaN, undecided
         return None
-    with np.errstate(invalid="ignore"):  # inf - inf: NaN, undecided
-        ratio = np.exp((cand - cand[0]).astype(np.float64))  # [n]; HF's float32 difference
-        if not (np.abs(ratio - min_p) > _MARGIN * min_p).all():
+    differences = (cand - cand[0]).tolist()  # [n] HF's float32 differences, non-increasing
+    margin = _MARGIN * min_p
+    # the ratios fall along the row: the last kept and the first removed are the closest to min_p
+    kept = len(differences)
+    for place, difference in enumerate(differences):
+        ratio = math.exp(difference)  # float64
+        if not abs(ratio - min_p) > margin:
             return None
-    return pending._replace(kept=int(np.count_nonzero(ratio >= min_p)))
+        if ratio < min_p:
+            kept = place
+            break
+    return OneRow(pending.ids, pending.cand, kept)
 
 
 def _one_row(pending: Candidates, min_p: float) -> Candidates | None:

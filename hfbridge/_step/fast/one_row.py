@@ -36,7 +36,9 @@ tokens: the general routes then handle the row.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -108,10 +110,11 @@ def one_row_top_k(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]
     maxima = row[:full].reshape(_GROUPS, -1).max(axis=0)  # [V/64]: group g holds g, g + V/64, ...
     if full < vocab:
         maxima = np.append(maxima, row[full:].max())
-    if np.isnan(maxima).any():
+    ordered = np.partition(maxima, maxima.shape[0] - k)  # NaN sorts last: the largest place holds one if any
+    tau = ordered[maxima.shape[0] - k]
+    if ordered[-1] != ordered[-1]:
         return None
-    tau = np.partition(maxima, maxima.shape[0] - k)[maxima.shape[0] - k]
-    ids = np.flatnonzero(row >= tau)  # [M] ascending, M >= k
+    ids = (row >= tau).nonzero()[0]  # [M] ascending, M >= k
     if ids.shape[0] > MAX_SORTED:
         return None
     values = row[ids]
@@ -214,7 +217,7 @@ def one_row_after(previous: OneRow, top_p: float, at_least: int) -> OneRow:
         cand = np.where(np.arange(cand.shape[0]) < kept, cand, np.float32(_NEG_INF))  # [K]
     count = one_row_count(torch.softmax(torch.from_numpy(cand)[None], dim=-1), top_p, at_least)
     # a token an earlier filter removed stays removed, whatever `min_tokens_to_keep` says (HF's is -inf)
-    return previous._replace(kept=count if kept is None else min(count, kept))
+    return OneRow(previous.ids, previous.cand, count if kept is None else min(count, kept))
 
 
 def one_row_count(probs: torch.Tensor, top_p: float, at_least: int) -> int:
@@ -225,10 +228,16 @@ def one_row_count(probs: torch.Tensor, top_p: float, at_least: int) -> int:
     >>> one_row_count(torch.tensor([[0.5, 0.3, 0.2]]), 0.7, 1)
     2
     """
-    tail = np.cumsum(host_view(probs)[0, ::-1], dtype=np.float64)[::-1]  # [K]: the mass at or below each
+    listed = host_view(probs)[0].tolist()  # [K] floats, float32 values exactly
+    listed.reverse()
+    # from the smallest up, the float64 mass at or below each (np.cumsum's sequential sums), ascending
+    running = list(itertools.accumulate(listed))
     cut, inclusive = _removal_cut(top_p)
-    kept = int(np.count_nonzero(tail > cut if inclusive else tail >= cut))  # NaN: removed, as `survives`
-    return max(kept, min(at_least, tail.shape[0]))
+    if running and math.isnan(running[-1]):  # a softmax with NaN is all NaN: every token removed
+        kept = 0
+    else:  # the ones removed are those `<= cut` (`< cut`): a prefix of the ascending sums
+        kept = len(running) - (bisect.bisect_right if inclusive else bisect.bisect_left)(running, cut)
+    return max(kept, min(at_least, len(listed)))
 
 
 def _below(mass: np.ndarray, start: float) -> np.ndarray:
