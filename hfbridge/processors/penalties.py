@@ -47,6 +47,7 @@ from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
 
+_COUNTED_IN_PYTHON = 128  # one row's window of up to this many ids is counted by `Counter` (a sort beyond)
 _HOST_IDS = 4096  # CPU windows of up to this many ids (all rows) are counted with NumPy: a sort, no buffer
 
 
@@ -131,7 +132,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         rows, vocab = scores.shape
         ids = input_ids.numpy()[:, first:]  # [B, M], the caller's memory: read only
         where: Any
-        if rows == 1:  # a plain Python count of a few dozen ids costs less than any NumPy sort
+        if rows == 1 and ids.shape[1] <= _COUNTED_IN_PYTHON:  # a plain count costs less than any NumPy sort
             counter = Counter(ids[0].tolist())
             if min(counter) < 0 or max(counter) >= vocab:
                 _outside(self, ids, vocab)

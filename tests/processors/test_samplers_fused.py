@@ -240,9 +240,11 @@ def test_the_penalties_counting_buffer_stays_zero_between_calls():
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=st.integers(1, 4), vocab=st.integers(2, 60), length=st.integers(1, 40), data=st.data())
+@given(rows=st.integers(1, 4), vocab=st.integers(2, 60), length=st.integers(1, 40) | st.integers(120, 200),
+       data=st.data())
 def test_the_penalties_numpy_path_equals_the_batched_path(rows, vocab, length, data):
-    """Short CPU windows are counted with NumPy: the same bits as the batched path, per-row values and windows."""
+    """Short CPU windows are counted on the host (one row's short window by `Counter`, else a NumPy sort): the
+    same bits as the batched path, per-row values and windows."""
     def value(options):
         return data.draw(st.one_of(st.sampled_from(options), st.lists(st.sampled_from(options), min_size=rows,
                                                                       max_size=rows)))
@@ -271,6 +273,11 @@ def test_the_penalties_numpy_path_refuses_ids_outside_the_vocabulary():
         for dtype in (torch.int64, torch.int32):
             with pytest.raises(IndexError, match=f"token id {bad}, outside the vocabulary of the scores"):
                 processor(torch.tensor([[1, bad, 2], [0, 1, 2]], dtype=dtype), torch.zeros(2, 9))
+            for length in (3, 300):  # one row: counted by `Counter`, or sorted
+                ids = torch.ones(1, length, dtype=dtype)
+                ids[0, length // 2] = bad
+                with pytest.raises(IndexError, match=f"token id {bad}, outside the vocabulary of the scores"):
+                    processor(ids, torch.zeros(1, 9))
 
 
 @pytest.mark.parametrize("vocab", [40, 1000, WIDE])
