@@ -206,7 +206,7 @@ def _dense_keep(scores: torch.Tensor, p: np.ndarray, bits: np.ndarray, in_binade
 
 def one_row_after(previous: OneRow, top_p: float, at_least: int) -> OneRow:
     """HF's top-p on one CPU row after a filter that left `previous` (-inf everywhere else): the softmax of
-    the candidates (removed ones -inf) by torch, as the batched route's, the count on NumPy.
+    the candidates (removed ones -inf) by torch, as the batched route's, then `one_row_count`.
 
     >>> kept = one_row_after(OneRow(np.array([4, 1, 0]), np.array([2.0, 1.0, -2.0], dtype=np.float32)), 0.9, 1)
     >>> kept.ids.tolist(), kept.kept
@@ -221,7 +221,7 @@ def one_row_after(previous: OneRow, top_p: float, at_least: int) -> OneRow:
 
 
 def one_row_count(probs: torch.Tensor, top_p: float, at_least: int) -> int:
-    """`candidates.top_p_count` of one row with nothing below the candidates, on a NumPy view: how many of
+    """`candidates.top_p_count` of one row with nothing below the candidates, on Python floats: how many of
     the `(1, K)` float32 `probs` (in descending score order) HF's top-p keeps. The same float64 sums,
     added in the same order (from the smallest up), and the same comparison: the same count.
 
