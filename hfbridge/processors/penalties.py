@@ -84,16 +84,16 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
             )
         self.prompt_length = prompt_length
         self._host_cache: dict[tuple[int, torch.dtype], tuple] = {}  # `_host_values`, per batch size and dtype
+        self._all_off = (self.presence_penalty.all(lambda v: v == 0) and self.frequency_penalty.all(lambda v: v == 0)
+                         and self.repetition_penalty.all(lambda v: v == 1))  # the values never change
 
     def _starts(self, rows: int, length: int) -> list[int]:
         """Per row, the first position of `input_ids` in the window (`length` = off)."""
         if self.penalty_last_n is None:
             return [min(int(self.prompt_length or 0), length)] * rows
         if self.penalty_last_n.scalar:
-            n = self.penalty_last_n.values[0]
-            return [length if n == 0 else 0 if n == -1 else max(length - n, 0)] * rows
-        return [length if n == 0 else 0 if n == -1 else max(length - n, 0)
-                for n in self.penalty_last_n.for_rows(rows)]
+            return [_window_start(self.penalty_last_n.values[0], length)] * rows
+        return [_window_start(n, length) for n in self.penalty_last_n.for_rows(rows)]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows, length = input_ids.shape  # [B, T]
@@ -101,7 +101,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
             return scores
         starts = self._starts(rows, length)
         first = min(starts)
-        if first >= length or self._off(rows):
+        if first >= length or self._all_off:
             return scores
         if input_ids.is_cpu and (length - first) * rows <= _HOST_IDS and fused_path(scores):
             return self._on_host(input_ids, scores, starts, first)
@@ -185,18 +185,15 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
             zeros.scatter_(1, window, 0.0)  # zero again for the next call
         return counts
 
-    def _off(self, rows: int) -> bool:
-        off = self.__dict__.get("_all_off")  # the values never change: decided once
-        if off is None:
-            off = self._all_off = (self.presence_penalty.all(lambda v: v == 0)
-                                   and self.frequency_penalty.all(lambda v: v == 0)
-                                   and self.repetition_penalty.all(lambda v: v == 1))
-        return off
-
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(presence_penalty={self.presence_penalty}, frequency_penalty="
                 f"{self.frequency_penalty}, penalty_last_n={self.penalty_last_n}, prompt_length={self.prompt_length}, "
                 f"repetition_penalty={self.repetition_penalty})")
+
+
+def _window_start(last_n: int, length: int) -> int:
+    """The first position of a `length`-token context that `penalty_last_n=last_n` counts (`length`: none)."""
+    return length if last_n == 0 else 0 if last_n == -1 else max(length - last_n, 0)
 
 
 def _outside(processor: Any, ids: np.ndarray, vocab: int) -> None:
