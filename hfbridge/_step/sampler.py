@@ -19,6 +19,7 @@ from hfbridge._step.build_processors import make_generation_config, processors_f
 from hfbridge._step.caller_inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.exact_draw import draw_one, softmax
+from hfbridge._step.fast.fast_path import fast_draw
 from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
@@ -143,6 +144,7 @@ class Sampler(SamplerState, StepInputs):
             raise ValueError(f"`attention_mask` must be a (batch, seq) tensor, got {got}.")
         self.layout = Layout(layout) if isinstance(layout, str) else layout
         self._layouts: dict[int, Layout] = {}  # default layouts by number of axes
+        self._known_call: tuple | None = None  # `prepare`'s last checked call
         self.vocab_size = vocab_size
         # No `vocab_size`: the columns past the tokenizer's ids are padding (`_step/padded_vocab.py`)
         self._tokenizer_vocab = tokenizer_size(tokenizer) if vocab_size is None and vocab_from_tokenizer else None
@@ -237,14 +239,13 @@ class Sampler(SamplerState, StepInputs):
                 that could not be sampled (`check_rows`). Default None: at once on CPU (free);
                 on an accelerator, not here: call `check_rows()` where you read the device anyway.
         """
-        if rows.shape[-1] != self._vocab_checked:
-            self._check_vocab(rows.shape[-1])
-        processors = self._processors_on(rows.device)
-        self._check_rows_per_row(rows.shape[0])
-        self._batch_rows = rows.shape[0]
+        shape, device = rows.shape, rows.device
+        if shape[-1] != self._vocab_checked:
+            self._check_vocab(shape[-1])
+        processors = self._processors_on(device)
+        self._check_rows_per_row(shape[0])
+        self._batch_rows = shape[0]
         if self.fast and self.do_sample:
-            from hfbridge._step.fast.fast_path import fast_draw
-
             # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
             # division makes the copy), instead of a copy here and a division in place there
             lent = rows.dtype == torch.float32
@@ -255,9 +256,12 @@ class Sampler(SamplerState, StepInputs):
                 result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
                                    memo=self._fast_memo, read_only=lent)
             known = result.known_valid  # the one-row CPU draw knows it on the host
+            if known:  # valid, known without a read: nothing to keep for an error
+                self._fast_valid, self._last_fast = True, None
+                return result.tokens
             self._fast_valid = known if known is not None else result.valid  # no sync
             self._last_fast = (result, rows)
-            if check or (check is None and rows.device.type == "cpu"):
+            if check or (check is None and device.type == "cpu"):
                 self.check_rows()
             return result.tokens
         if not processors and not self.do_sample:

@@ -34,6 +34,7 @@ class StepInputs:
     _vocab_checked: int | None
     _device: torch.device
     _ids_copied: bool
+    _known_call: tuple | None  # (signature, layout, batch_shape) of the last call that passed `prepare`'s checks
 
     def _check_generator(self, device: torch.device) -> None:
         raise NotImplementedError
@@ -52,7 +53,25 @@ class StepInputs:
         dropped; read it, never write it), `ids` a private `(rows, seq)` int64 copy of
         `input_ids` (not copied when no processor could write them), and `batch_shape` the layout's
         batch axes (`from_rows` restores them).
+
+        Tensors with the last call's shapes, dtypes and devices skip the checks that only those decide
+        (the layout, the axes, the ids' batch): a loop's steps differ in the ids' values and length only,
+        and those are checked every time.
         """
+        if type(logits) is torch.Tensor and type(input_ids) is torch.Tensor:
+            signature = (self.layout, logits.shape, logits.dtype, logits.device, input_ids.shape[:-1],
+                         input_ids.ndim, input_ids.dtype, input_ids.device)
+            known = self._known_call
+            if known is not None and known[0] == signature:
+                _, layout, batch_shape = known
+                self._check_generator(logits.device)  # a generator set since then (`with_generator` copies)
+                view = self._last_rows(logits, layout)  # [N, V], the caller's memory
+                vocab = view.shape[1]
+                if vocab != self._vocab_checked:
+                    self._check_vocab(vocab)
+                return view, self._step_ids(rows_of(input_ids, batch_shape), vocab), batch_shape
+        else:
+            signature = None
         logits = extract_logits(logits)
         self._check_generator(logits.device)
         check_not_meta(logits)
@@ -60,7 +79,10 @@ class StepInputs:
         layout.check(logits)
         batch_shape = layout.batch_shape(logits)
         view = self._last_rows(logits, layout)  # [N, V], the caller's memory
-        return view, self.input_rows(input_ids, view, batch_shape=batch_shape), batch_shape
+        ids = self.input_rows(input_ids, view, batch_shape=batch_shape)
+        if signature is not None:  # every check passed: the same signature needs only the ids' values next time
+            self._known_call = (signature, layout, batch_shape)
+        return view, ids, batch_shape
 
     def layout_of(self, logits: torch.Tensor) -> Layout:
         """The sampler's layout, or the default one for `logits.ndim` (parsed once per sampler)."""
@@ -161,8 +183,11 @@ class StepInputs:
             raise ValueError(
                 f"`input_ids` are on {input_ids.device} but the logits are on {device}; move one of them."
             )
-        # [N, T]: a private copy for processors that might write them (user code); none for HF's own
-        ids = rows_of(input_ids, tuple(batch_shape))
+        return self._step_ids(rows_of(input_ids, tuple(batch_shape)), vocab)
+
+    def _step_ids(self, ids: torch.Tensor, vocab: int | None) -> torch.Tensor:
+        """`(rows, seq)` ids as the step's int64 ids (a private copy for processors that might write them:
+        user code; none for HF's own), their values checked against `vocab` (None: not known yet)."""
         if self._ids_copied or ids.dtype != torch.long:  # else no `to`: even a no-op is a dispatched call
             ids = ids.to(dtype=torch.long, copy=self._ids_copied)
         if vocab is not None and ids.numel() and ids_outside(ids, vocab):  # one pass, one host read

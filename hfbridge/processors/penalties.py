@@ -130,23 +130,17 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         `old -> old * or / repeat - (count * frequency + presence)` in the scores' dtype, op for op as the
         batched path (IEEE operations give the same bits)."""
         rows, vocab = scores.shape
+        if rows == 1 and input_ids.shape[1] - first <= _COUNTED_IN_PYTHON:
+            return self._one_row(input_ids, scores, first, vocab)
         ids = input_ids.numpy()[:, first:]  # [B, M], the caller's memory: read only
-        where: Any
-        if rows == 1 and ids.shape[1] <= _COUNTED_IN_PYTHON:  # a plain count costs less than any NumPy sort
-            counter = Counter(ids[0].tolist())
-            if min(counter) < 0 or max(counter) >= vocab:
-                _outside(self, ids, vocab)
-            where = 0, np.fromiter(counter, dtype=np.int64, count=len(counter))  # [K] tokens
-            counts = np.fromiter(counter.values(), dtype=np.int64, count=len(counter))  # [K]
-        else:
-            # else one row's id would land in another row; unsigned, a negative id is huge: one reduction
-            if ids.view(np.uint64).max() >= vocab if ids.dtype == np.int64 else ids.min() < 0 or ids.max() >= vocab:
-                _outside(self, ids, vocab)
-            keys = ids + np.arange(rows)[:, None] * vocab  # [B, M]: row * vocab + token
-            if any(start != first for start in starts):
-                keys = keys[np.arange(ids.shape[1]) >= np.array(starts)[:, None] - first]  # each row's own window
-            keys, counts = _counted(keys.ravel())  # [K] each (row, token) once
-            where = keys // vocab, keys % vocab  # rows, tokens
+        # else one row's id would land in another row; unsigned, a negative id is huge: one reduction
+        if ids.view(np.uint64).max() >= vocab if ids.dtype == np.int64 else ids.min() < 0 or ids.max() >= vocab:
+            _outside(self, ids, vocab)
+        keys = ids + np.arange(rows)[:, None] * vocab  # [B, M]: row * vocab + token
+        if any(start != first for start in starts):
+            keys = keys[np.arange(ids.shape[1]) >= np.array(starts)[:, None] - first]  # each row's own window
+        keys, counts = _counted(keys.ravel())  # [K] each (row, token) once
+        where = keys // vocab, keys % vocab  # rows, tokens
         out = scores if scores_owned() else scores.clone()
         view = out.numpy()  # [B, V], the same memory
         old = view[where]  # [K]
@@ -156,6 +150,22 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         with np.errstate(all="ignore"):  # inf and NaN scores give what torch gives, without warnings
             new = np.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
             view[where] = new - (counts.astype(view.dtype) * frequency + presence)
+        return out
+
+    def _one_row(self, input_ids: torch.Tensor, scores: torch.Tensor, first: int, vocab: int) -> torch.Tensor:
+        """`_on_host` for one row's short window: a plain count costs less than any NumPy sort."""
+        counter = Counter(input_ids.numpy()[0, first:].tolist())  # the caller's memory: read only
+        if min(counter) < 0 or max(counter) >= vocab:
+            _outside(self, input_ids.numpy()[:, first:], vocab)
+        out = scores if scores_owned() else scores.clone()
+        row = out.numpy()[0]  # [V], the same memory
+        tokens = np.fromiter(counter, dtype=np.int64, count=len(counter))  # [K]
+        counts = np.fromiter(counter.values(), dtype=row.dtype, count=len(counter))  # [K] small integers, exact
+        old = row[tokens]  # [K]
+        repeat, frequency, presence = self._host_values(1, scores.dtype)  # NumPy scalars in the scores' dtype
+        with np.errstate(all="ignore"):  # inf and NaN scores give what torch gives, without warnings
+            new = old if repeat == 1 else np.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
+            row[tokens] = new - (counts * frequency + presence)
         return out
 
     def _host_values(self, rows: int, dtype: torch.dtype) -> tuple[np.ndarray, ...]:

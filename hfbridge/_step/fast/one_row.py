@@ -215,21 +215,21 @@ def one_row_after(previous: OneRow, top_p: float, at_least: int) -> OneRow:
     cand, kept = previous.cand, previous.kept
     if kept is not None:
         cand = np.where(np.arange(cand.shape[0]) < kept, cand, np.float32(_NEG_INF))  # [K]
-    count = one_row_count(torch.softmax(torch.from_numpy(cand)[None], dim=-1), top_p, at_least)
+    # torch's softmax of the 1-D row: the (1, K) row's kernel and bits; read as a list (fewer calls)
+    count = one_row_count(torch.softmax(torch.from_numpy(cand), dim=-1).tolist(), top_p, at_least)
     # a token an earlier filter removed stays removed, whatever `min_tokens_to_keep` says (HF's is -inf)
     return OneRow(previous.ids, previous.cand, count if kept is None else min(count, kept))
 
 
-def one_row_count(probs: torch.Tensor, top_p: float, at_least: int) -> int:
+def one_row_count(probs: list[float], top_p: float, at_least: int) -> int:
     """`candidates.top_p_count` of one row with nothing below the candidates, on Python floats: how many of
-    the `(1, K)` float32 `probs` (in descending score order) HF's top-p keeps. The same float64 sums,
+    the K float32 `probs` (a list, in descending score order) HF's top-p keeps. The same float64 sums,
     added in the same order (from the smallest up), and the same comparison: the same count.
 
-    >>> one_row_count(torch.tensor([[0.5, 0.3, 0.2]]), 0.7, 1)
+    >>> one_row_count(torch.tensor([0.5, 0.3, 0.2]).tolist(), 0.7, 1)
     2
     """
-    listed = host_view(probs)[0].tolist()  # [K] floats, float32 values exactly
-    listed.reverse()
+    listed = probs[::-1]  # [K] floats (float32 values exactly), the smallest first
     # from the smallest up, the float64 mass at or below each (np.cumsum's sequential sums), ascending
     running = list(itertools.accumulate(listed))
     cut, inclusive = _removal_cut(top_p)

@@ -9,6 +9,8 @@ the tokens: the caller raises on it, where it reads the device anyway (see `Samp
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import threading
 
@@ -137,13 +139,17 @@ def draw_kept(ids: np.ndarray, scores: np.ndarray, keep: np.ndarray | None,
     uniform = _uniform(generator)
     if not math.isfinite(scores[0]):  # NaN, +inf or only -inf
         return torch.from_numpy(ids[:1].copy()), False  # `pick`'s token for a row without a distribution
-    weights = torch.from_numpy(scores - scores[0]).exp_().numpy()  # [K] torch's exp, as `pick`'s callers
-    running = np.add.accumulate(weights if keep is None else weights * keep, dtype=np.float64)  # [K]
-    total = float(running[-1])
+    weights = scores - scores[0]  # [K] float32
+    torch.from_numpy(weights).exp_()  # torch's exp, as `pick`'s callers, in place
+    if keep is not None:
+        weights *= keep  # a removed token's weight is 0 (NaN stays NaN, as in `pick`)
+    # `pick`'s float64 running sum, added in the same order, on Python floats (few: no NumPy call is cheaper)
+    running = list(itertools.accumulate(weights.tolist()))  # [K]
+    total = running[-1]
     if not total > 0:  # NaN weights, or none kept
         return torch.from_numpy(ids[:1].copy()), False
     target = min(uniform * total, total * (1 - 2.0**-52))
-    index = min(int(np.searchsorted(running, target, side="right")), running.shape[0] - 1)
+    index = min(bisect.bisect_right(running, target), len(running) - 1)  # the first running sum above target
     return torch.from_numpy(ids[index:index + 1].copy()), True
 
 

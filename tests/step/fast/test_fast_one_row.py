@@ -210,7 +210,7 @@ def test_one_row_count_equals_the_batched_count(values, top_p, at_least):
     cand = torch.tensor(sorted(values, reverse=True), dtype=torch.float32)[None]  # [1, K], descending
     probs = torch.softmax(cand, dim=-1)
     batched = top_p_count(probs, torch.zeros(1, 1, dtype=torch.float64), top_p, at_least)
-    assert _one_row.one_row_count(probs, top_p, at_least) == int(batched)
+    assert _one_row.one_row_count(probs[0].tolist(), top_p, at_least) == int(batched)
 
 
 def test_one_row_count_after_top_k_keeps_hfs_set():
