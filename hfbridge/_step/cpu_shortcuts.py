@@ -84,6 +84,6 @@ def ids_outside(ids: torch.Tensor, vocab: int) -> bool:
         if ids.numel() <= _LISTED_IDS:
             listed = ids.numpy().ravel().tolist()
             return min(listed) < 0 or max(listed) >= vocab
-        return int(ids.numpy().view(numpy.uint64).max()) >= vocab
+        return int(numpy.maximum.reduce(ids.numpy().view(numpy.uint64), axis=None)) >= vocab
     low, high = torch.stack(torch.aminmax(ids)).tolist()
     return low < 0 or high >= vocab

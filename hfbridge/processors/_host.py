@@ -31,7 +31,7 @@ from contextvars import ContextVar
 
 import torch
 
-__all__ = ["device_only", "fused_path", "host_path", "owned_scores", "scores_owned", "scratch", "zeroed"]
+__all__ = ["device_only", "fused_path", "host_copy", "host_path", "owned_scores", "scores_owned", "scratch", "zeroed"]
 
 _DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
 _OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
@@ -70,8 +70,12 @@ def device_only() -> Iterator[None]:
 
 def host_path(*tensors: torch.Tensor) -> bool:
     """Whether every tensor is on the CPU, eager (not traced by `torch.compile`), outside `device_only()`."""
-    return (not _DEVICE_ONLY.get() and not torch.compiler.is_compiling()
-            and all(tensor.is_cpu for tensor in tensors))
+    if _DEVICE_ONLY.get():
+        return False
+    for tensor in tensors:  # a loop, not `all(...)`: every processor asks, every step
+        if not tensor.is_cpu:
+            return False
+    return not torch.compiler.is_compiling()
 
 
 def fused_path(scores: torch.Tensor) -> bool:
@@ -79,6 +83,22 @@ def fused_path(scores: torch.Tensor) -> bool:
     at least one row, no autograd graph (`out=` and in-place ops refuse tensors that require grad)."""
     return (scores.ndim == 2 and scores.shape[0] > 0 and scores.dtype in (torch.float32, torch.float64)
             and not scores.requires_grad and host_path(scores))
+
+
+def host_copy(scores: torch.Tensor) -> torch.Tensor:
+    """A private copy of CPU scores: NumPy's copy for one float32 or float64 row, else `clone`.
+
+    One row is the case where the step's fixed costs dominate: run cold (after a model's forward pass
+    or another step's vocabulary-sized work) NumPy's few calls cost microseconds less than torch's
+    dispatched `clone`. Larger batches keep `clone` (a large copy may use torch's threads).
+
+    >>> host_copy(torch.ones(1, 3)).tolist()
+    [[1.0, 1.0, 1.0]]
+    """
+    if (scores.ndim == 2 and scores.shape[0] == 1 and scores.dtype in (torch.float32, torch.float64)
+            and not scores.requires_grad and scores.is_cpu):
+        return torch.from_numpy(scores.numpy().copy())
+    return scores.clone()
 
 
 def scratch(like: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from transformers import LogitsProcessor
 
 from hfbridge.processors._dry_breakers import Breakers, compile_breakers
 from hfbridge.processors._dry_host import HostRows, batch_penalties
-from hfbridge.processors._host import host_path, scores_owned
+from hfbridge.processors._host import host_copy, host_path, scores_owned
 from hfbridge.processors._rows import RowParam
 
 __all__ = ["DEFAULT_SEQUENCE_BREAKERS", "DRYLogitsProcessor"]
@@ -153,7 +153,7 @@ class DRYLogitsProcessor(LogitsProcessor):
         if not window.flags.c_contiguous:
             window = np.ascontiguousarray(window)
         found, tokens, amounts = batch_penalties(window, host, single, groups)
-        out = scores if scores_owned() else scores.clone()
+        out = scores if scores_owned() else host_copy(scores)
         if not found.size:
             return out
         if chosen is not None:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path, scores_owned, zeroed
+from hfbridge.processors._host import fused_path, host_copy, scores_owned, zeroed
 from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
@@ -157,7 +157,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         counter = Counter(input_ids.numpy()[0, first:].tolist())  # the caller's memory: read only
         if min(counter) < 0 or max(counter) >= vocab:
             _outside(self, input_ids.numpy()[:, first:], vocab)
-        out = scores if scores_owned() else scores.clone()
+        out = scores if scores_owned() else host_copy(scores)
         row = out.numpy()[0]  # [V], the same memory
         tokens = np.fromiter(counter, dtype=np.int64, count=len(counter))  # [K]
         counts = np.fromiter(counter.values(), dtype=row.dtype, count=len(counter))  # [K] small integers, exact

@@ -80,7 +80,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import (
     LogitsProcessorList,
@@ -93,7 +92,7 @@ from transformers import (
 from hfbridge._step.cpu_shortcuts import cpu_shortcuts
 from hfbridge._step.fast.candidates import top_candidates
 from hfbridge._step.fast.min_p_candidates import min_p_among
-from hfbridge._step.fast.one_row import one_row_top_k
+from hfbridge._step.fast.one_row import divided, one_row_top_k
 from hfbridge._step.fast.pending import Candidates, Mask, OneRow
 from hfbridge._step.fast.state import FastState
 from hfbridge._step.fast.top_p.mask import top_p_mask
@@ -276,8 +275,7 @@ def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> N
     if found is not None:  # one CPU row, NumPy, [k+1] each: torch's per-op cost would dominate
         values, row_ids = found
         if state.temperature is not None:  # NumPy's float32 division is torch's, bit for bit (IEEE)
-            with np.errstate(all="ignore"):  # a score that overflows gives inf, as torch's, without a warning
-                values = values / np.float32(float(state.temperature))  # a (1, 1) per-row one: its float
+            values = divided(values, float(state.temperature))  # a (1, 1) per-row one: its float
         if values[k - 1] > values[k]:
             state.filtered(processor.filter_value, OneRow(row_ids[:k], values[:k]))
             return

@@ -48,7 +48,7 @@ from hfbridge._step.fast.pending import OneRow
 from hfbridge._step.fast.top_p.mask import float32, rounds_at_most
 from hfbridge._step.fast.weighted_draw import host_view
 
-__all__ = ["MAX_SORTED", "one_row_after", "one_row_count", "one_row_kept", "one_row_top_k", "one_row_top_p"]
+__all__ = ["MAX_SORTED", "divided", "one_row_after", "one_row_count", "one_row_kept", "one_row_top_k", "one_row_top_p"]
 
 _NEG_INF = float("-inf")
 MAX_SORTED = 4096  # tokens sorted at most; a row with more at the cut goes to the general routes
@@ -85,6 +85,7 @@ def one_row_top_p(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_le
             torch.from_numpy(np.ones((1, ids.shape[0]), dtype=np.bool_)))
 
 
+_OVERFLOW_BELOW = float(np.finfo(np.float32).max) * (1 - 2.0**-40)  # `divided`: margin for the product's rounding
 _GROUPS = 64  # `one_row_top_k`: tokens per group, one V/64-th of the row apart
 
 
@@ -107,19 +108,38 @@ def one_row_top_k(scores: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]
     if scores.shape[0] != 1 or not scores.is_contiguous() or full // _GROUPS < k:
         return None
     row = host_view(scores)[0]  # [V] float32, a view
-    maxima = row[:full].reshape(_GROUPS, -1).max(axis=0)  # [V/64]: group g holds g, g + V/64, ...
+    # ufunc and method calls, not `np.` functions: each of those adds a Python layer, every step
+    maxima = np.maximum.reduce(row[:full].reshape(_GROUPS, -1), axis=0)  # [V/64]: group g holds g, g + V/64, ...
     if full < vocab:
         maxima = np.append(maxima, row[full:].max())
-    ordered = np.partition(maxima, maxima.shape[0] - k)  # NaN sorts last: the largest place holds one if any
-    tau = ordered[maxima.shape[0] - k]
-    if ordered[-1] != ordered[-1]:
+    place = maxima.shape[0] - k
+    maxima.partition(place)  # in place (a fresh array); NaN sorts last: the largest place holds one if any
+    tau = maxima[place]
+    if maxima[-1] != maxima[-1]:
         return None
     ids = (row >= tau).nonzero()[0]  # [M] ascending, M >= k
     if ids.shape[0] > MAX_SORTED:
         return None
     values = row[ids]
-    order = np.argsort(-values, kind="stable")[:k]  # descending; equal scores keep id order
+    order = (-values).argsort(kind="stable")[:k]  # descending; equal scores keep id order
     return values[order], ids[order]
+
+
+def divided(values: np.ndarray, temperature: float) -> np.ndarray:
+    """`(K,)` float32 scores sorted descending, divided by `float32(temperature)` (IEEE: torch's bits); a
+    quotient past float32's range is inf, as torch's, without NumPy's warning.
+
+    >>> divided(np.array([3.0e38, -1.0], dtype=np.float32), 0.5).tolist()
+    [inf, -2.0]
+    """
+    # only a magnitude above temperature * float32's maximum overflows: the sorted row's ends hold the largest
+    divisor = np.float32(temperature)
+    limit = _OVERFLOW_BELOW * float(divisor)
+    # Python floats: NumPy would compare in float32, casting `limit` (past float32's range for a temperature > 1)
+    if abs(float(values[0])) <= limit and abs(float(values[-1])) <= limit:  # False for NaN and inf: guarded
+        return values / divisor
+    with np.errstate(all="ignore"):
+        return values / divisor
 
 
 def one_row_kept(scores: torch.Tensor, probs: torch.Tensor, top_p: float, at_least: int,

@@ -158,12 +158,14 @@ _BUFFERS = threading.local()  # a float64 scalar per thread for `_uniform`
 
 def _uniform(generator: torch.Generator | None) -> float:
     """`torch.rand((1, 1), generator=generator, dtype=torch.float64).item()` (`pick`'s number, the same
-    draw from the generator), into a buffer kept by the thread: one op instead of two."""
-    buffer = getattr(_BUFFERS, "uniform", None)
-    if buffer is None:
+    draw from the generator), into a buffer kept by the thread: one dispatched op instead of three."""
+    held = getattr(_BUFFERS, "uniform", None)
+    if held is None:
         with torch.inference_mode(False):  # a normal tensor: written in place in and out of inference mode
-            buffer = _BUFFERS.uniform = torch.empty(1, dtype=torch.float64)
-    return buffer.uniform_(generator=generator).item()
+            buffer = torch.empty(1, dtype=torch.float64)
+        held = _BUFFERS.uniform = (buffer, buffer.numpy())
+    held[0].uniform_(generator=generator)
+    return float(held[1][0])  # read through NumPy's view: no dispatched `item`
 
 
 def host_view(values: torch.Tensor) -> np.ndarray:
