@@ -64,10 +64,10 @@ def batch_penalties(window: np.ndarray, rows: HostRows, single: np.ndarray,
     if window.shape[0] == 1:  # one row: 1-D operations, fewer of them
         begin, last = int(start[0]) if rows.shifted else 0, window[0]
         if pair:
-            end = np.flatnonzero((last[begin + 1:-1] == last[-1]) & (last[begin:-2] == last[-2]))
+            end = ((last[begin + 1:-1] == last[-1]) & (last[begin:-2] == last[-2])).nonzero()[0]  # 1-D: no ravel
             begin += 1
         else:
-            end = np.flatnonzero(last[begin:-1] == last[-1])
+            end = (last[begin:-1] == last[-1]).nonzero()[0]
         if not end.size:
             return _NOTHING
         if begin:

@@ -83,7 +83,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
                 "prompt included (-1 = all of them, llama.cpp's meaning)."
             )
         self.prompt_length = prompt_length
-        self._host_cache: dict[tuple[int, torch.dtype], tuple] = {}  # `_host_values`, per batch size and dtype
+        self._host_cache: dict[Any, tuple] = {}  # `_host_values` per (batch size, dtype); `_one_row_values` per dtype
         self._all_off = (self.presence_penalty.all(lambda v: v == 0) and self.frequency_penalty.all(lambda v: v == 0)
                          and self.repetition_penalty.all(lambda v: v == 1))  # the values never change
 
@@ -160,13 +160,25 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         out = scores if scores_owned() else host_copy(scores)
         row = out.numpy()[0]  # [V], the same memory
         tokens = np.fromiter(counter, dtype=np.int64, count=len(counter))  # [K]
-        counts = np.fromiter(counter.values(), dtype=row.dtype, count=len(counter))  # [K] small integers, exact
+        counts = np.fromiter(counter.values(), dtype=np.int64, count=len(counter))  # [K]
         old = row[tokens]  # [K]
-        repeat, frequency, presence = self._host_values(1, scores.dtype)  # NumPy scalars in the scores' dtype
+        repeat, penalty = self._one_row_values(scores.dtype)
         with np.errstate(all="ignore"):  # inf and NaN scores give what torch gives, without warnings
-            new = old if repeat == 1 else np.where(old <= 0, old * repeat, old / repeat)  # llama.cpp: `<= 0` multiplies
-            row[tokens] = new - (counts * frequency + presence)
+            # llama.cpp: `<= 0` multiplies
+            new = old if repeat is None else np.where(old <= 0, old * repeat, old / repeat)
+            row[tokens] = new - penalty[counts]
         return out
+
+    def _one_row_values(self, dtype: torch.dtype) -> tuple[np.generic | None, np.ndarray]:
+        """One row's repetition penalty (None: 1, off) and `penalty[c] = c * frequency + presence` for every
+        count `c` a short window can hold, in `dtype` (the batched path's two roundings): one lookup a step."""
+        cached = self._host_cache.get(dtype)
+        if cached is None:
+            repeat, frequency, presence = self._host_values(1, dtype)  # NumPy scalars in `dtype`
+            with np.errstate(all="ignore"):  # huge values overflow to inf, as torch's do
+                penalty = np.arange(_COUNTED_IN_PYTHON + 1, dtype=frequency.dtype) * frequency + presence  # [129]
+            cached = self._host_cache[dtype] = (None if repeat == 1 else repeat, penalty)
+        return cached
 
     def _host_values(self, rows: int, dtype: torch.dtype) -> tuple[np.ndarray, ...]:
         """`(rows,)` repetition, frequency and presence values in `dtype`, NumPy views of the batched path's

@@ -95,10 +95,8 @@ class OneRow(NamedTuple):
         return Candidates(ids, cand, torch.ones_like(ids, dtype=torch.bool)).write(scores, filter_value)  # [1, kept]
 
     def draw(self, scores: torch.Tensor, generator: torch.Generator | None) -> Drawn:
-        # the weights of all K candidates, the removed masked: the same token as the batched `Candidates`
-        kept, size = self.kept, self.cand.shape[0]
-        keep = None if kept is None or kept >= size else np.arange(size) < kept  # [K]
-        return draw_kept(self.ids, self.cand, keep, generator)
+        # the weights of all K candidates, the removed ones 0: the same token as the batched `Candidates`
+        return draw_kept(self.ids, self.cand, self.kept, generator)
 
 
 class Draw(NamedTuple):

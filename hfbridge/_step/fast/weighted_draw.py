@@ -128,10 +128,10 @@ def draw_one_row_known(ids: torch.Tensor, cand: torch.Tensor, keep: torch.Tensor
     return draw_kept(ids.numpy()[0], host_view(cand)[0], None if keep is None else keep.numpy()[0], generator)
 
 
-def draw_kept(ids: np.ndarray, scores: np.ndarray, keep: np.ndarray | None,
+def draw_kept(ids: np.ndarray, scores: np.ndarray, keep: np.ndarray | int | None,
               generator: torch.Generator | None = None) -> tuple[torch.Tensor, bool]:
     """`draw_one_row_known` on NumPy arrays: `(K,)` int64 ids, `(K,)` float32 scores (the best first)
-    and `(K,)` bool `keep` or None (all kept).
+    and `(K,)` bool `keep`, or how many of the first survive (an int), or None (all kept).
 
     >>> draw_kept(np.array([7, 3]), np.array([1.0, 1.0], dtype=np.float32), np.array([False, True]))
     (tensor([3]), True)
@@ -141,7 +141,9 @@ def draw_kept(ids: np.ndarray, scores: np.ndarray, keep: np.ndarray | None,
         return torch.from_numpy(ids[:1].copy()), False  # `pick`'s token for a row without a distribution
     weights = scores - scores[0]  # [K] float32
     torch.from_numpy(weights).exp_()  # torch's exp, as `pick`'s callers, in place
-    if keep is not None:
+    if isinstance(keep, int):  # a prefix survives
+        weights[keep:] *= 0.0  # the removed tokens' weights, 0 (NaN stays NaN, as in `pick`'s masked weights)
+    elif keep is not None:
         weights *= keep  # a removed token's weight is 0 (NaN stays NaN, as in `pick`)
     # `pick`'s float64 running sum, added in the same order, on Python floats (few: no NumPy call is cheaper)
     running = list(itertools.accumulate(weights.tolist()))  # [K]
