@@ -224,7 +224,8 @@ class Sampler(SamplerState, StepInputs):
         """Next tokens for `logits` given the context `input_ids`, shaped as the layout's batch axes."""
         view, ids, batch_shape = self.prepare(logits, input_ids)
         # check=True: a call on its own has no later host read to fold the fast path's flag into
-        return from_rows(self.next_tokens(ids, view, check=True), batch_shape)
+        tokens = self.next_tokens(ids, view, check=True)  # [N]
+        return tokens if len(batch_shape) == 1 else from_rows(tokens, batch_shape)
 
     def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, *,
                     check: bool | None = None) -> torch.Tensor:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path, host_copy, scores_owned, zeroed
+from hfbridge.processors._host import fused_path, scores_owned, zeroed
 from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
@@ -104,6 +104,8 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         if first >= length or self._all_off:
             return scores
         if input_ids.is_cpu and (length - first) * rows <= _HOST_IDS and fused_path(scores):
+            if rows == 1 and length - first <= _COUNTED_IN_PYTHON:
+                return self._one_row(input_ids, scores, first, scores.shape[1])
             return self._on_host(input_ids, scores, starts, first)
         window = input_ids[:, first:].long()  # [B, M], oldest first
         device = scores.device
@@ -125,13 +127,11 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         return scores.scatter_(1, window, values) if scores_owned() else scores.scatter(1, window, values)
 
     def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, starts: list[int], first: int) -> torch.Tensor:
-        """The same arithmetic on NumPy views, for a short window: each (row, token) counted once (one row:
-        Python's `Counter` on the window's ids; more: a sort of `row * vocab + token`), then
+        """The same arithmetic on NumPy views, for a short window: each (row, token) counted once (one row's
+        window of up to 128 ids: `_one_row`; else a sort of `row * vocab + token`), then
         `old -> old * or / repeat - (count * frequency + presence)` in the scores' dtype, op for op as the
         batched path (IEEE operations give the same bits)."""
         rows, vocab = scores.shape
-        if rows == 1 and input_ids.shape[1] - first <= _COUNTED_IN_PYTHON:
-            return self._one_row(input_ids, scores, first, vocab)
         ids = input_ids.numpy()[:, first:]  # [B, M], the caller's memory: read only
         # else one row's id would land in another row; unsigned, a negative id is huge: one reduction
         if ids.view(np.uint64).max() >= vocab if ids.dtype == np.int64 else ids.min() < 0 or ids.max() >= vocab:
@@ -157,8 +157,11 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         counter = Counter(input_ids.numpy()[0, first:].tolist())  # the caller's memory: read only
         if min(counter) < 0 or max(counter) >= vocab:
             _outside(self, input_ids.numpy()[:, first:], vocab)
-        out = scores if scores_owned() else host_copy(scores)
-        row = out.numpy()[0]  # [V], the same memory
+        if scores_owned():
+            out, row = scores, scores.numpy()[0]  # [V], the same memory
+        else:  # a private copy by NumPy (`_host.host_copy`; `fused_path` has checked the scores)
+            row = scores.numpy()[0].copy()  # [V]
+            out = torch.from_numpy(row[None])
         tokens = np.fromiter(counter, dtype=np.int64, count=len(counter))  # [K]
         counts = np.fromiter(counter.values(), dtype=np.int64, count=len(counter))  # [K]
         old = row[tokens]  # [K]
