@@ -13,6 +13,7 @@ relative 1e-5 of the general path's; the other values within 1e-5.
 from __future__ import annotations
 
 import math
+import warnings
 
 import _samplers_reference as ref
 import pytest
@@ -265,6 +266,23 @@ def test_the_penalties_numpy_path_equals_the_batched_path(rows, vocab, length, d
     torch.testing.assert_close(host, batched, rtol=0, atol=0, equal_nan=True)
     with owned_scores():  # written in place into the step's own copy: the same values
         torch.testing.assert_close(processor(ids, scores.clone()), host, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_penalties_one_row_table_overflows_as_the_batched_path(dtype):
+    """One row's `count * frequency + presence` comes from a table made once per dtype: huge values overflow to
+    the same infinities (and NaN from inf - inf) as the batched path's, without a warning."""
+    ids = torch.tensor([[1, 2, 2, 3, 3, 3, 0, 4]])
+    scores = torch.tensor([[3.0e38, -3.0e38, 1.0, float("inf"), -2.0]], dtype=dtype)
+    for params in (dict(presence_penalty=3.0e38, frequency_penalty=3.0e38), dict(presence_penalty=-3.0e38),
+                   dict(frequency_penalty=1.0e308, repetition_penalty=1e-30), dict(repetition_penalty=3.0e38)):
+        processor = PresenceFrequencyPenaltyLogitsProcessor(penalty_last_n=-1, **params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            host = processor(ids, scores)
+            with accelerator_route():
+                batched = processor(ids, scores)
+        torch.testing.assert_close(host, batched, rtol=0, atol=0, equal_nan=True)
 
 
 def test_the_penalties_numpy_path_refuses_ids_outside_the_vocabulary():

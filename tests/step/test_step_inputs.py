@@ -13,6 +13,7 @@ from hfbridge import Sampler, build_processors
 from hfbridge._step import caller_inputs as _step_inputs
 from hfbridge._step.cpu_shortcuts import accelerator_route, ids_outside
 from hfbridge._step.fast.fast_path import fast_draw
+from hfbridge._step.layout import Layout
 from hfbridge._step.processor_list import CheckedProcessorList
 
 V = 50
@@ -91,6 +92,48 @@ def test_ids_outside_the_vocabulary_on_every_route(seq, bad):
     logits, _ = logits_and_ids()
     with pytest.raises(ValueError, match=f"`input_ids` hold token id {bad}, outside the vocabulary of {V} tokens"):
         Sampler(do_sample=False)(logits, ids)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_call_like_the_last_one_is_checked_as_the_first(fast):
+    """`prepare` skips the checks the shapes, dtypes and devices decide when they are the last call's: every
+    check that depends on anything else still runs, and a changed layout or generator is seen."""
+    logits, ids = logits_and_ids()
+    sampler = Sampler(temperature=0.7, top_k=5, fast=fast, generator=torch.Generator().manual_seed(0))
+    first = sampler(logits, ids)
+    assert sampler._known_call is not None
+    again = Sampler(temperature=0.7, top_k=5, fast=fast, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(again(logits, ids), first) and torch.equal(again(logits, ids), sampler(logits, ids))
+    for bad in (-1, V):  # the ids' values, every call
+        wrong = ids.clone()
+        wrong[0, 2] = bad
+        with pytest.raises(ValueError, match=f"`input_ids` hold token id {bad}, outside the vocabulary of {V}"):
+            sampler(logits, wrong)
+    longer = torch.cat([ids, ids], dim=1)  # another length: the same signature
+    assert sampler(logits, longer).shape == (2,)
+    with pytest.raises(TypeError, match="`input_ids` must hold integer token ids"):  # another dtype
+        sampler(logits, ids.bool())
+    with pytest.raises(ValueError, match=r"`input_ids` of shape \(3, 6\) do not match the logits"):
+        sampler(logits, torch.cat([ids, ids[:1]]))
+    sampler.layout = Layout("t b v")  # a layout set since: the new one decides (3 rows of 2 positions)
+    with pytest.raises(ValueError, match=r"expected \(3, 'seq'\)"):
+        sampler(logits, ids)
+    sampler.layout = None
+    assert sampler(logits, ids).shape == (2,)
+    def per_row():
+        return [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    copied = sampler.with_generator(per_row())  # a copy knows the last call: its own generators still draw
+    fresh = Sampler(temperature=0.7, top_k=5, fast=fast, generator=per_row())
+    assert torch.equal(copied(logits, ids), fresh(logits, ids))
+    with pytest.raises(ValueError, match="`generator` is a list of 2 generators, one per row, but the step has 1"):
+        copied(logits[:1], ids[:1])
+    unbatched = Sampler(temperature=0.7, top_k=5, fast=fast)
+    unbatched(logits, ids)
+    with pytest.raises(ValueError, match="are on the meta device"):  # another device
+        unbatched(logits.to("meta"), ids)
+    assert unbatched(logits[0, -1], ids[0]).shape == ()
+    with pytest.raises(ValueError, match="do not match the logits"):  # 0-d ids after 1-d ones
+        unbatched(logits[0, -1], ids[0, 0])
 
 
 class WithStep:
