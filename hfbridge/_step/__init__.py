@@ -7,7 +7,8 @@ samplers'), `option_checks` (every option's check: `check_option_values`), `comm
 samplers built and placed from their rows), `sampler_order` (llama.cpp's `--samplers` order of the chain),
 `processor_list` (the checked list),
 `cpu_shortcuts` (CPU/accelerator choices), `caller_inputs` (the logits inside
-a model output), `sampler_rows` (a `Sampler` step's first stages: checked rows), `guidance_processor`
+a model output), `sampler_rows` (a `Sampler` step's first stages: checked rows), `sampler_choice` (its last:
+the token chosen, the rows with nothing to choose explained), `guidance_processor`
 (`guidance_scale=`'s processor), `fast/` (the fused, sort-free path).
 Imports: `hfbridge._hf`, `hfbridge.processors`, torch, transformers; never `_models`, `_generate`, `_views`.
 

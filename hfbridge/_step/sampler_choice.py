@@ -1,0 +1,132 @@
+"""The last stage of a `Sampler` step: the token chosen (greedy argmax, or HF's softmax and draw), and the
+rows left with nothing to choose explained with exact mode's error (at once in exact mode; the fast path's
+flag read by `check_rows`). `Sampler` (`_step/sampler.py`) inherits it.
+
+>>> import torch
+>>> from hfbridge._step.sampler import Sampler
+>>> Sampler(do_sample=False).choose(torch.tensor([[0.0, 2.0, 1.0]])).tolist()
+[1]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfbridge._step.cpu_shortcuts import greedy_choice
+from hfbridge._step.exact_draw import draw_one, softmax
+from hfbridge._step.per_row_draw import choose_rows
+from hfbridge._step.processor_list import processor_name
+from hfbridge._step.row_errors import invalid_rows_error
+
+
+class StepChoice:
+    """The choice and its checks; `Sampler` provides the attributes and checks declared here."""
+
+    _processors: Any
+    _rows: Any
+    _plan: Any
+    _fast_valid: Any
+    _last_fast: Any
+    generator: Any
+    do_sample: bool
+
+    @property
+    def _one_generator(self) -> torch.Generator | None:
+        raise NotImplementedError
+
+    def _check_generator(self, device: torch.device) -> None:
+        raise NotImplementedError
+
+    def _check_rows_per_row(self, rows: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def invalid_rows(self) -> torch.Tensor | None:
+        """`(rows,)` bool on the logits' device: True for each row the last fast `next_tokens` call
+        could not sample (see `check_rows`); None before such a call. Reading it makes no host read."""
+        valid = self._fast_valid
+        if isinstance(valid, bool):  # one CPU row whose draw knew the answer: no tensor made until asked
+            return torch.tensor([not valid])
+        return None if valid is None else ~valid
+
+    def check_rows(self, invalid: bool | None = None) -> None:
+        """Raise exact mode's error if the last fast `next_tokens` call left a row it could not sample.
+
+        The fast path draws without a host-device sync, so it cannot raise by itself on an
+        accelerator: it leaves `invalid_rows`, a `(rows,)` bool tensor on the logits' device, True
+        for each row whose final scores hold NaN or `+inf` or nothing above `-inf` (exact mode's
+        errors). This method is the point where that flag is read: `next_tokens` calls it at once
+        on CPU and `Sampler.__call__` / `sample_step` always; `generate` folds the flag into its
+        one host read per step and calls it with the value, naming the step. It also lets go of
+        the step's scores kept for the error message. Exact mode has nothing to check here.
+
+        Args:
+            invalid: `bool(invalid_rows.any())` when the caller has already read it; default None
+                reads it here (one host read).
+
+        Raises:
+            ValueError: exact mode's error for the first invalid row (NaN logits, NaN or `+inf`
+                after the processors, or every token removed), naming the row.
+        """
+        last, self._last_fast = self._last_fast, None
+        if last is None:
+            return
+        result, raw = last
+        if invalid is None:
+            known = result.known_valid  # the one-row CPU draw's answer: no op to read
+            invalid = not known if known is not None else bool((~result.valid).any())
+        if not invalid:
+            return
+        scores = result.final_scores()  # [N, V] HF's processed scores; invalid rows keep their cause
+        self._raise_bad_rows(~result.valid, raw, scores)  # exact mode's own error (`_row_errors`)
+
+    def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+        """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""
+        names = [processor_name(p) for p in self._processors]
+        raise invalid_rows_error(raw, scores, sampling=self.do_sample, processor_names=names, bad=bad)
+
+    def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
+        """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.
+
+        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN), or with +inf
+        when sampling; `raw`, the logits before processing, tells the model's NaN or +inf apart
+        from the processors'.
+        """
+        if not self.do_sample:
+            tokens, best = greedy_choice(scores)  # the best score doubles as the validity check
+            self._check_best(best, scores, raw)
+            return tokens
+        self._check_generator(scores.device)
+        if (self._plan is not None and self._plan.mixed) or isinstance(self.generator, (list, tuple)):
+            self._check_rows_per_row(scores.shape[0])
+            tokens, invalid = choose_rows(scores, self._rows.samples_on(scores.device), self.generator,
+                                          self._rows.sample_rows())
+            if invalid is not None:  # read by `choose_rows`, which drew nothing then
+                self._raise_bad_rows(invalid, scores if raw is None else raw, scores)
+            return tokens
+        probs = softmax(scores)  # HF's softmax; on CPU into a reused buffer (no page faults on fresh memory)
+        try:
+            # torch.multinomial reads its input to refuse NaN / inf / all-zero rows (a host read we
+            # cannot avoid); checking the rows before it would add a second one. On CPU `draw_one`
+            # gives its tokens and leaves the generator as it does, with a logarithm per kept token only.
+            return draw_one(probs, self._one_generator, softmax_output=True)
+        except RuntimeError as error:
+            failure = error
+        self._check_best(scores.amax(dim=-1), scores, raw)  # names the row
+        raise failure
+
+    def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
+        """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""
+        if self.do_sample:  # False for -inf (nothing left), +inf and NaN
+            valid = best.abs() < float("inf")
+            if bool(valid.all()):
+                return
+        else:  # False for -inf and NaN; the minimum alone tells (amin propagates NaN)
+            worst = float(best if best.numel() == 1 else best.amin())
+            if worst > float("-inf"):
+                return
+            valid = best > float("-inf")
+        self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
+
