@@ -141,7 +141,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             got = tuple(attention_mask.shape) if is_tensor else type(attention_mask).__name__
             raise ValueError(f"`attention_mask` must be a (batch, seq) tensor, got {got}.")
         self.layout = Layout(layout) if isinstance(layout, str) else layout
-        self._layouts: dict[int, Layout] = {}  # default layouts by number of axes
+        self._layouts: dict[tuple[str | None, int], Layout] = {}  # parsed layouts by (pattern, number of axes)
         self._known_call: tuple | None = None  # `prepare`'s last checked call
         self.vocab_size = vocab_size
         # No `vocab_size`: the columns past the tokenizer's ids are padding (`_step/padded_vocab.py`)

@@ -27,7 +27,7 @@ class StepInputs:
     """The input stages of a step; `Sampler` provides the attributes and checks declared here."""
 
     layout: Layout | LayoutLike
-    _layouts: dict[int, Layout]
+    _layouts: dict[tuple[str | None, int], Layout]
     vocab_size: int | None
     _tokenizer_vocab: int | None  # the tokenizer's size when `vocab_size` is None (`_step/padded_vocab.py`)
     generation_config: GenerationConfig
@@ -85,13 +85,14 @@ class StepInputs:
         return view, ids, batch_shape
 
     def layout_of(self, logits: torch.Tensor) -> Layout:
-        """The sampler's layout, or the default one for `logits.ndim` (parsed once per sampler)."""
+        """The sampler's layout, or the default one for `logits.ndim` (parsed once per pattern and number of axes)."""
         if isinstance(self.layout, Layout):
             return self.layout
-        layout = self._layouts.get(logits.ndim)
+        key = (self.layout, logits.ndim)  # the pattern too: `layout` may be set again after a step
+        layout = self._layouts.get(key)
         if layout is None:
             layout = Layout.for_tensor(logits, self.layout)
-            self._layouts[logits.ndim] = layout
+            self._layouts[key] = layout
         return layout
 
     def last_rows(self, logits: torch.Tensor) -> torch.Tensor:

@@ -118,6 +118,9 @@ def test_a_call_like_the_last_one_is_checked_as_the_first(fast):
     sampler.layout = Layout("t b v")  # a layout set since: the new one decides (3 rows of 2 positions)
     with pytest.raises(ValueError, match=r"expected \(3, 'seq'\)"):
         sampler(logits, ids)
+    sampler.layout = "t b v"  # a pattern too, although the default for 3 axes was parsed before
+    with pytest.raises(ValueError, match=r"expected \(3, 'seq'\)"):
+        sampler(logits, ids)
     sampler.layout = None
     assert sampler(logits, ids).shape == (2,)
     def per_row():
