@@ -4,6 +4,7 @@
     python benchmarks/peers.py --tgw /tmp/tgw_sampler_hijack.py             # every case, 9 rounds
     python benchmarks/peers.py --tgw /tmp/tgw_sampler_hijack.py --quick     # 3 rounds
     python benchmarks/peers.py --only chain                                 # llama.cpp's chain alone
+    python benchmarks/peers.py --only chain-cold                            # the chain's step, cold every time
 
 text-generation-webui's classes are read from that file at run time (its `DRYLogitsProcessor`,
 `PresencePenaltyLogitsProcessor`, `FrequencyPenaltyLogitsProcessor`, `DynamicTemperatureLogitsWarper`):
@@ -241,6 +242,29 @@ def chain_cases(rounds: int) -> list[str]:
     return lines
 
 
+def chain_cold_cases(rounds: int) -> list[str]:
+    """The chain's step cold every time: before each timed `Sampler` call llama.cpp fills its arrays and applies
+    its chain (timed: right after its own fill), which evicts hfbridge's code and data from the caches, as the
+    rotation above does in half of its rounds; 40 calls a round, medians."""
+    lines = ["| cold chain: B | V | calls | hfbridge fast ms, cold | llama.cpp ms, after its fill "
+             "| llama.cpp / hfbridge |", "|---:|---:|---:|---:|---:|---:|"]
+    for rows, vocab in [(1, 32000), (8, 50257)]:
+        generator = torch.Generator().manual_seed(rows)
+        scores = realistic(rows, vocab, generator)
+        ids = history(rows, CHAIN_CONTEXT, vocab, generator)
+        sampler = Sampler(fast=True, generator=torch.Generator().manual_seed(0), **CHAIN_OPTIONS)
+        chain = Chain(rows, ids, seed=0, **LLAMA_CHAIN)
+        ours, theirs = [], []
+        for _ in range(40 * rounds):
+            filled = chain.rows(scores)
+            theirs.append(timed(lambda: chain.apply(filled)))
+            ours.append(timed(lambda: sampler(scores, ids)))
+        chain.free()
+        mine, peer = statistics.median(ours), statistics.median(theirs)
+        lines.append(f"| {rows} | {vocab} | {len(ours)} | {mine * 1e3:.3f} | {peer * 1e3:.3f} | {peer / mine:.2f} |")
+    return lines
+
+
 def dynatemp_cases(tgw: dict, rounds: int, llama: bool) -> list[str]:
     lines = ["| dynamic temperature: B | V | hfbridge ms | TGW ms | TGW / hfbridge | values equal |",
              "|---:|---:|---:|---:|---:|---|"]
@@ -284,7 +308,7 @@ def main() -> None:
     parser.add_argument("--tgw", help="text-generation-webui's modules/sampler_hijack.py (without it: no TGW columns)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=["dry", "dry-paths", "penalties", "dynatemp", "chain"])
+    parser.add_argument("--only", choices=["dry", "dry-paths", "penalties", "dynatemp", "chain", "chain-cold"])
     args = parser.parse_args()
     torch.set_num_threads(1)
     rounds = 3 if args.quick else args.rounds
@@ -299,11 +323,12 @@ def main() -> None:
         print("llama-cpp-python is not installed: llama.cpp's columns and the chain are skipped\n")
     sections = (("dry", dry_cases, tgw or llama), ("dry-paths", dry_path_cases, True),
                 ("penalties", penalty_cases, tgw or llama), ("dynatemp", dynatemp_cases, tgw),
-                ("chain", lambda _tgw, n, _llama: chain_cases(n), llama))
+                ("chain", lambda _tgw, n, _llama: chain_cases(n), llama),
+                ("chain-cold", lambda _tgw, n, _llama: chain_cold_cases(n), llama))
     for name, section, runs in sections:
         if args.only in (None, name) and runs:
             print("\n".join(section(tgw, rounds, llama is not None)) + "\n")
-        elif args.only in (None, name) and name == "chain":
+        elif args.only in (None, name) and name.startswith("chain"):
             print("the llama.cpp-style chain needs llama-cpp-python\n")
 
 
