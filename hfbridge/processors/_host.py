@@ -29,9 +29,11 @@ import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 
+import numpy as np
 import torch
 
-__all__ = ["device_only", "fused_path", "host_copy", "host_path", "owned_scores", "scores_owned", "scratch", "zeroed"]
+__all__ = ["device_only", "fused_path", "host_copy", "host_path", "owned_scores", "row_copy", "scores_owned", "scratch",
+           "zeroed"]
 
 _DEVICE_ONLY: ContextVar[bool] = ContextVar("hfbridge_processors_device_only", default=False)
 _OWNED: ContextVar[bool] = ContextVar("hfbridge_processors_owned_scores", default=False)
@@ -97,8 +99,21 @@ def host_copy(scores: torch.Tensor) -> torch.Tensor:
     """
     if (scores.ndim == 2 and scores.shape[0] == 1 and scores.dtype in (torch.float32, torch.float64)
             and not scores.requires_grad and scores.is_cpu):
-        return torch.from_numpy(scores.numpy().copy())
+        return row_copy(scores)[0]
     return scores.clone()
+
+
+def row_copy(scores: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """`host_copy` of one float32 or float64 CPU row without autograd (the caller has checked): the private
+    `(1, V)` tensor and its `(V,)` NumPy view, for a caller that writes through the view.
+
+    >>> copy, row = row_copy(torch.ones(1, 3))
+    >>> row[0] = 5.0
+    >>> copy.tolist()
+    [[5.0, 1.0, 1.0]]
+    """
+    row = scores.numpy()[0].copy()  # [V]
+    return torch.from_numpy(row[None]), row
 
 
 def scratch(like: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path, scores_owned, zeroed
+from hfbridge.processors._host import fused_path, row_copy, scores_owned, zeroed
 from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
@@ -83,7 +83,8 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
                 "prompt included (-1 = all of them, llama.cpp's meaning)."
             )
         self.prompt_length = prompt_length
-        self._host_cache: dict[Any, tuple] = {}  # `_host_values` per (batch size, dtype); `_one_row_values` per dtype
+        self._host_cache: dict[tuple[int, torch.dtype], tuple] = {}  # `_host_values`, per batch size and dtype
+        self._one_row_cache: dict[torch.dtype, tuple] = {}  # `_one_row_values`, per dtype
         self._all_off = (self.presence_penalty.all(lambda v: v == 0) and self.frequency_penalty.all(lambda v: v == 0)
                          and self.repetition_penalty.all(lambda v: v == 1))  # the values never change
 
@@ -157,11 +158,8 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
         counter = Counter(input_ids.numpy()[0, first:].tolist())  # the caller's memory: read only
         if min(counter) < 0 or max(counter) >= vocab:
             _outside(self, input_ids.numpy()[:, first:], vocab)
-        if scores_owned():
-            out, row = scores, scores.numpy()[0]  # [V], the same memory
-        else:  # a private copy by NumPy (`_host.host_copy`; `fused_path` has checked the scores)
-            row = scores.numpy()[0].copy()  # [V]
-            out = torch.from_numpy(row[None])
+        # [V]: the owned scores' own memory, or a private copy's (`fused_path` has checked the scores)
+        out, row = (scores, scores.numpy()[0]) if scores_owned() else row_copy(scores)
         tokens = np.fromiter(counter, dtype=np.int64, count=len(counter))  # [K]
         counts = np.fromiter(counter.values(), dtype=np.int64, count=len(counter))  # [K]
         old = row[tokens]  # [K]
@@ -175,12 +173,12 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
     def _one_row_values(self, dtype: torch.dtype) -> tuple[np.generic | None, np.ndarray]:
         """One row's repetition penalty (None: 1, off) and `penalty[c] = c * frequency + presence` for every
         count `c` a short window can hold, in `dtype` (the batched path's two roundings): one lookup a step."""
-        cached = self._host_cache.get(dtype)
+        cached = self._one_row_cache.get(dtype)
         if cached is None:
             repeat, frequency, presence = self._host_values(1, dtype)  # NumPy scalars in `dtype`
             with np.errstate(all="ignore"):  # huge values overflow to inf, as torch's do
                 penalty = np.arange(_COUNTED_IN_PYTHON + 1, dtype=frequency.dtype) * frequency + presence  # [129]
-            cached = self._host_cache[dtype] = (None if repeat == 1 else repeat, penalty)
+            cached = self._one_row_cache[dtype] = (None if repeat == 1 else repeat, penalty)
         return cached
 
     def _host_values(self, rows: int, dtype: torch.dtype) -> tuple[np.ndarray, ...]:
