@@ -35,10 +35,9 @@ from hfbridge._hf.host import special_token
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.callables import AdapterTypeError
 from hfbridge._step.cpu_shortcuts import cpu_shortcuts, greedy_choice
-from hfbridge._step.processor_list import BadProcessorOutput
+from hfbridge._step.route import Route
 from hfbridge._step.sampler import Sampler, extract_logits
-
-_NEG_INF = float("-inf")
+from hfbridge._step.step_errors import add_note, at_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +75,7 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     rows_expected = call.sequences.shape[0]
     pad_token = special_token(call.config, "pad")
     pads_finished_rows = pads_finished(call.criteria)
-    use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
-    # plain greedy: HF's argmax straight on the model's logits, no copy
-    plain_greedy = not (sampler.processors or sampler.do_sample) and call.scores is None and call.raw_logits is None
+    route = sampler.route(keep_scores=call.scores is not None, keep_raw=call.raw_logits is not None)
     finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
                             synced=options.synced)
     # the step's logits are still at hand when its flags are read at the same step
@@ -126,11 +123,7 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
             )
         if banned is not None:
             view, saved = banned.before_choose(call.sequences, view)  # the tokens tried here before: -inf
-        if plain_greedy:
-            tokens, best = greedy_route(view)  # [N], [N]: the best score is the validity check
-            finished.note_invalid(step, best, _explain_greedy(sampler, best, view, view) if explain_now else None)
-        else:
-            tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
+        tokens = _choose(sampler, call, view, step, route, greedy_route, finished, explain_now)  # [N]
         if banned is not None:
             tokens = banned.after_choose(call.sequences, tokens, saved)  # rows replaying keep their own tokens
         del outputs, view
@@ -243,46 +236,24 @@ def forward_and_update(adapter: ModelAdapter, input_ids: torch.Tensor, state: di
     return outputs, state
 
 
-def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fast: bool,
-            finished: FinishedRows, explain_now: bool) -> torch.Tensor:
-    """Processors then token choice, without a host read; a processor's own exception gets the step as a note.
-
-    `view` is the model's last-position logits `(rows, vocab)`: read, never written. The validity
-    of each row goes to `finished`, which checks it at its next read.
-    """
-    try:
-        if use_fast:
-            if call.raw_logits is not None:
-                call.raw_logits += (_float_copy(view),)
-            # check=False: the fast path's `invalid_rows` flag joins this step's one host read
-            tokens = sampler.next_tokens(call.sequences, view, check=False)  # its own float32 copy
-            flag = sampler.invalid_rows  # [N] bool on the device
-            assert flag is not None  # set by every fast next_tokens call
-            finished.note_invalid(step, flag, (lambda: sampler.check_rows(True)) if explain_now else None)
-            return tokens
-        scores = _float_copy(view)  # [N, V]: the processors may write into it
-        if call.raw_logits is not None:
-            call.raw_logits += (scores,)  # HF keeps the very tensor its processors receive
-        scores = sampler.process(call.sequences, scores)
-    except BadProcessorOutput as error:
-        kind = TypeError if isinstance(error, TypeError) else ValueError
-        raise kind(f"generate(): at step {step}: {error}") from None
-    except Exception as error:
-        add_note(error, f"hfbridge.generate: raised by the logits processors at step {step}.")
-        raise
+def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, route: Route,
+            greedy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]], finished: FinishedRows,
+            explain_now: bool) -> torch.Tensor:
+    """The sampler's one step on `view`, the model's last-position logits `(rows, vocab)` (read, never
+    written), without a host read; the outputs the call keeps recorded, each row's validity noted in
+    `finished`, which checks it at its next read."""
+    scores = None
+    if call.raw_logits is not None:
+        scores = _float_copy(view)  # HF keeps the very tensor its processors receive
+        call.raw_logits += (scores,)
+        if route is Route.FAST:
+            scores = None  # the fused path makes the copies it needs
+    result = sampler.step(call.sequences, view, scores=scores, route=route, greedy=greedy, at=step)
     if call.scores is not None:
-        call.scores += (scores,)
-    if sampler.do_sample:
-        return at_step(step, lambda: sampler.choose(scores, raw=view))  # torch.multinomial checks its input
-    tokens, best = greedy_choice(scores)  # [N], [N]: the best score is the validity check too
-    finished.note_invalid(step, best, _explain_greedy(sampler, best, view, scores) if explain_now else None)
-    return tokens
-
-
-def _explain_greedy(sampler: Sampler, best: torch.Tensor, raw: torch.Tensor,
-                    scores: torch.Tensor) -> Callable[[], None]:
-    """Raise exact mode's error for the rows whose best score is NaN or -inf (the error path)."""
-    return lambda: sampler.explain_invalid(~(best > _NEG_INF), raw, scores)
+        call.scores += (result.scores,)
+    if result.invalid is not None:
+        finished.note_invalid(step, result.invalid, result.explain if explain_now else None)
+    return result.tokens
 
 
 def _float_copy(rows: torch.Tensor) -> torch.Tensor:
@@ -303,22 +274,6 @@ def _invalid_error(bad: InvalidRows, sampler: Sampler, rows: int) -> ValueError:
         f"its scores after the logits processors {names} are {what}. Check the model's forward pass for NaN "
         "(overflow in fp16?), or relax options that remove tokens (`bad_words_ids`, `suppress_tokens`, `min_p`)."
     )
-
-
-def add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:  # Python 3.10: keep the note where 3.11 would put it
-        error.__notes__ = [*getattr(error, "__notes__", []), note]  # type: ignore[attr-defined]
-
-
-def at_step(step: int, action: Callable[[], Any]) -> Any:
-    """Run `action`; a `ValueError`/`TypeError` of hfbridge's checks gets the step number in front."""
-    try:
-        return action()
-    except (ValueError, TypeError) as error:
-        kind = ValueError if isinstance(error, ValueError) else TypeError
-        raise kind(f"generate(): at step {step}: {error}") from None
 
 
 def _rows(sampler: Sampler, output: Any, step: int, expected: int, batch: int, expand: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._step.build_processors import make_generation_config, processors_for_config
 from hfbridge._step.caller_inputs import extract_logits, keeps_ids_intact
+from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.fast.fast_path import fast_draw
 from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
@@ -26,9 +27,11 @@ from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, fast_rows
 from hfbridge._step.processor_list import CheckedProcessorList
+from hfbridge._step.route import Route, decide_route
 from hfbridge._step.sampler_choice import StepChoice
 from hfbridge._step.sampler_rows import StepInputs
-from hfbridge._step.sampler_state import SamplerState, first_warper, replayed
+from hfbridge._step.sampler_state import SamplerState, StepResult, first_warper, replayed
+from hfbridge._step.step_errors import at_step, processors_stage
 from hfbridge.processors._host import owned_scores
 
 
@@ -225,18 +228,53 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         tokens = self.next_tokens(ids, view, check=True)  # [N]
         return tokens if len(batch_shape) == 1 else from_rows(tokens, batch_shape)
 
+    def route(self, *, keep_scores: bool = False, keep_raw: bool = False) -> Route:
+        """The way this sampler's steps go (`_step/route.py`, the one place that decides it).
+
+        Args:
+            keep_scores: The caller keeps the processed scores (the fast path keeps none: exact then).
+            keep_raw: The caller keeps a float32 copy of the logits (no plain argmax then).
+        """
+        return decide_route(fast=self.fast, do_sample=self.do_sample, has_processors=bool(self._processors),
+                            keep_scores=keep_scores, keep_raw=keep_raw)
+
     def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, *,
                     check: bool | None = None) -> torch.Tensor:
         """`(rows,)` next tokens from `(rows, vocab)` logits and `(rows, seq)` ids (see `input_rows`).
 
-        `rows` is read, never modified (processors run on a float32 copy). Uses the fused path
-        when the sampler is `fast` and sampling; exact mode raises at once for a row with nothing
-        to choose.
+        `rows` is read, never modified (processors run on a float32 copy). This is `step` with its
+        checks made here: exact mode raises at once for a row with nothing to choose.
 
         Args:
             check: Fast path only: read `invalid_rows` now and raise exact mode's error for a row
                 that could not be sampled (`check_rows`). Default None: at once on CPU (free);
                 on an accelerator, not here: call `check_rows()` where you read the device anyway.
+        """
+        result = self.step(input_ids, rows, defer=False)
+        if result.explain is not None and (check or (check is None and rows.device.type == "cpu")):
+            self.check_rows()
+        return result.tokens
+
+    def step(self, input_ids: torch.Tensor, rows: torch.Tensor, *, scores: torch.Tensor | None = None,
+             route: Route | None = None, defer: bool = True,
+             greedy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = greedy_choice,
+             at: int | None = None) -> StepResult:
+        """The one step every host runs: the processors, then the choice, on the route `route` decides.
+
+        Args:
+            input_ids: `(rows, seq)` the tokens so far.
+            rows: `(rows, vocab)` the model's logits; read, never written.
+            scores: A float32 copy of `rows` the processors may write into, which the caller keeps (a loop
+                keeping HF's raw logits passes the very tensor it keeps); default: one made here.
+            route: The route, decided once by the caller (`route()`); default: `route()`.
+            defer: Leave the rows with nothing to choose as a flag on the device (`StepResult.invalid`,
+                no host read); False raises exact mode's error for them at once (greedy).
+            greedy: The argmax (`greedy_choice`, or a loop's accelerator route).
+            at: `generate`'s step number: its errors then name it as `generate` does.
+
+        >>> result = Sampler(top_k=1, do_sample=True).step(None, torch.tensor([[0.0, 3.0, 1.0]]))
+        >>> result.tokens.tolist(), result.invalid
+        ([1], None)
         """
         shape, device = rows.shape, rows.device
         if shape[-1] != self._vocab_checked:
@@ -244,31 +282,48 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         processors = self._processors_on(device)
         self._check_rows_per_row(shape[0])
         self._batch_rows = shape[0]
-        if self.fast and self.do_sample:
-            # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
-            # division makes the copy), instead of a copy here and a division in place there
-            lent = rows.dtype == torch.float32
-            result: Any
-            if self._plan is not None or isinstance(self.generator, (list, tuple)):  # per group, or per row
-                result = self._fast_rows(input_ids, rows, processors, lent)
+        route = self.route(keep_scores=scores is not None) if route is None else route
+        if route is Route.FAST:
+            tokens = processors_stage(at, lambda: self._fast_tokens(input_ids, rows, processors))
+            if self._last_fast is None:  # valid, known without a read
+                return StepResult(tokens, None, None, None)
+            return StepResult(tokens, None, self.invalid_rows, lambda: self.check_rows(True))
+        if route is not Route.ARGMAX:  # the step's own copy unless the caller keeps one: processors may write into it
+            ids = cast(torch.LongTensor, input_ids)
+            if scores is None:
+                with owned_scores():
+                    scores = processors_stage(at, lambda: processors(ids, self._float_copy(rows)))  # [N, V]
             else:
-                result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
-                                   memo=self._fast_memo, read_only=lent)
-            known = result.known_valid  # the one-row CPU draw knows it on the host
-            if known:  # valid, known without a read: nothing to keep for an error
-                self._fast_valid, self._last_fast = True, None
-                return result.tokens
+                kept = scores
+                scores = processors_stage(at, lambda: processors(ids, kept))  # [N, V]
+        chosen = rows if scores is None else scores
+        if route.samples:  # torch.multinomial reads its input: checked at once
+            return StepResult(at_step(at, lambda: self.choose(chosen, raw=rows)), scores, None, None)
+        tokens, best = greedy(chosen)  # [N], [N]: the best score is the validity check too
+        if not defer:
+            self._check_best(best, chosen, rows)
+            return StepResult(tokens, scores, None, None)
+        return StepResult(tokens, scores, best, lambda: self.explain_invalid(~(best > _NEG_INF), rows, chosen))
+
+    def _fast_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList
+                     ) -> torch.Tensor:
+        """The fused path's tokens; the rows' validity kept for `invalid_rows` / `check_rows` (no host read)."""
+        # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
+        # division makes the copy), instead of a copy here and a division in place there
+        lent = rows.dtype == torch.float32
+        result: Any
+        if self._plan is not None or isinstance(self.generator, (list, tuple)):  # per group, or per row
+            result = self._fast_rows(input_ids, rows, processors, lent)
+        else:
+            result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
+                               memo=self._fast_memo, read_only=lent)
+        known = result.known_valid  # the one-row CPU draw knows it on the host
+        if known:  # valid, known without a read: nothing to keep for an error
+            self._fast_valid, self._last_fast = True, None
+        else:
             self._fast_valid = known if known is not None else result.valid  # no sync
             self._last_fast = (result, rows)
-            if check or (check is None and device.type == "cpu"):
-                self.check_rows()
-            return result.tokens
-        if not processors and not self.do_sample:
-            return self.choose(rows)  # plain argmax reads the logits without copying them
-        # `process` without its checks, made above; the copy is the step's own: processors may write into it
-        with owned_scores():
-            scores = processors(cast(torch.LongTensor, input_ids), self._float_copy(rows))
-        return self.choose(scores, raw=rows)
+        return result.tokens
 
     def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList, lent: bool,
                    head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
@@ -307,23 +362,6 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             self._processors = self._build(device)
         return self._processors
 
-    def _check_generator(self, device: torch.device) -> None:
-        fits = self._generator_fits
-        if self.generator is None or (fits is not None and fits[0] is self.generator and fits[1] == device):
-            return  # checked at the last step (twice a step in exact sampling: `prepare` and `choose`)
-        for index, generator in enumerate(self.generator if isinstance(self.generator, (list, tuple))
-                                          else [self.generator]):
-            generator_device = torch.device(generator.device)
-            if generator_device.type != device.type or (
-                device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
-            ):
-                name = "generator" if isinstance(self.generator, torch.Generator) else f"generator[{index}]"
-                raise ValueError(
-                    f"`{name}` is on {generator_device} but the logits are on {device}; "
-                    f"create it with torch.Generator(device={str(device)!r})."
-                )
-        self._generator_fits = (self.generator, device)
-
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which HF's processors may modify.
 
@@ -341,3 +379,6 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""
         check_token_ids_in_vocab(self._token_options, vocab)
         self._vocab_checked = vocab
+
+
+_NEG_INF = float("-inf")

@@ -30,6 +30,7 @@ class StepChoice:
     _fast_valid: Any
     _last_fast: Any
     generator: Any
+    _generator_fits: Any
     do_sample: bool
 
     @property
@@ -37,7 +38,22 @@ class StepChoice:
         raise NotImplementedError
 
     def _check_generator(self, device: torch.device) -> None:
-        raise NotImplementedError
+        """The generator (or each of a list) on the logits' device; checked once per generator and device."""
+        fits = self._generator_fits
+        if self.generator is None or (fits is not None and fits[0] is self.generator and fits[1] == device):
+            return  # checked at the last step (twice a step in exact sampling: `prepare` and `choose`)
+        for index, generator in enumerate(self.generator if isinstance(self.generator, (list, tuple))
+                                          else [self.generator]):
+            generator_device = torch.device(generator.device)
+            if generator_device.type != device.type or (
+                device.type != "cpu" and (generator_device.index or 0) != (device.index or 0)
+            ):
+                name = "generator" if isinstance(self.generator, torch.Generator) else f"generator[{index}]"
+                raise ValueError(
+                    f"`{name}` is on {generator_device} but the logits are on {device}; "
+                    f"create it with torch.Generator(device={str(device)!r})."
+                )
+        self._generator_fits = (self.generator, device)
 
     def _check_rows_per_row(self, rows: int) -> None:
         raise NotImplementedError

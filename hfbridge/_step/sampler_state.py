@@ -1,7 +1,7 @@
 """What a `Sampler` keeps across steps, and a step recorded processor by processor.
 
-`SamplerState` (inherited by `Sampler`) holds `step`, the step a generation loop calls
-(`StepResult`), and forwards the stateful protocol (`processors/_stateful.py`: `reset`, `reorder`,
+`SamplerState` (inherited by `Sampler`) holds `StepResult` (what `Sampler.step` returns), and forwards
+the stateful protocol (`processors/_stateful.py`: `reset`, `reorder`,
 `rollback`) to every processor that keeps state per row, wherever it sits: in the chain, inside a
 per-row group (`PerRowProcessor`), or copied for one row of a generator list. `explain` runs the
 step once with each processor's output recorded and returns the step's own tokens (what
@@ -24,9 +24,9 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.option_table import sampling_processors
 from hfbridge._step.processor_list import check_processor_output
+from hfbridge._step.route import Route
 from hfbridge.processors._stateful import is_stateful
 
 __all__ = ["SamplerState", "StepResult", "first_warper", "replayed"]
@@ -39,7 +39,9 @@ class StepResult:
     Attributes:
         tokens: `(rows,)` int64 the chosen tokens.
         scores: `(rows, vocab)` the processed scores (exact path), or None (the fast path keeps none).
-        invalid: `(rows,)` bool on the device, True for a row with nothing to choose; None when checked already.
+        invalid: `(rows,)` on the device, in the form `FinishedRows.note_invalid` reads: bool (True for a row
+            with nothing to choose: the fast path), or each row's best score (NaN or -inf: nothing to choose:
+            greedy); None when the step checked already (exact sampling's draw reads its input).
         explain: Raises exact mode's error for the invalid rows (reads the device); None with `invalid`.
     """
 
@@ -86,6 +88,7 @@ class SamplerState:
     def _one_generator(self) -> torch.Generator | None:
         raise NotImplementedError
 
+    route: Callable[..., Route]
     _float_copy: Callable[[torch.Tensor], torch.Tensor]  # `StepInputs._float_copy`
     next_tokens: Callable[..., torch.Tensor]
     process: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -93,37 +96,6 @@ class SamplerState:
     _raise_bad_rows: Callable[..., None]
 
     _vocab_checked: int | None
-
-    def step(self, input_ids: torch.Tensor, rows: torch.Tensor, *, scores: torch.Tensor | None = None) -> StepResult:
-        """The step a generation loop calls: the processors, then the choice (exact or fast, per-row groups
-        and generators as set up), with no host read where the choice needs none.
-
-        Args:
-            input_ids: `(rows, seq)` the tokens so far.
-            rows: `(rows, vocab)` the model's logits; read, never written.
-            scores: Exact path only: a float32 copy of `rows` the processors may write into (a loop
-                keeping HF's raw logits passes the very tensor it keeps); default: one made here.
-
-        Returns:
-            A `StepResult`: the tokens, the processed scores (None on the fast path), and the rows that
-            had nothing to choose as a `(rows,)` bool on the device (None where the choice already
-            raised: exact sampling's `torch.multinomial` reads its input), with `explain()` to raise
-            exact mode's error for them.
-
-        >>> from hfbridge._step.sampler import Sampler
-        >>> result = Sampler(top_k=1, do_sample=True).step(None, torch.tensor([[0.0, 3.0, 1.0]]))
-        >>> result.tokens.tolist(), result.invalid
-        ([1], None)
-        """
-        if self.fast and self.do_sample:
-            tokens = self.next_tokens(input_ids, rows, check=False)
-            return StepResult(tokens, None, self.invalid_rows, lambda: self.check_rows(True))
-        scores = self.process(input_ids, self._float_copy(rows) if scores is None else scores)  # [N, V]
-        if self.do_sample:
-            return StepResult(self.choose(scores, raw=rows), scores, None, None)
-        tokens, best = greedy_choice(scores)  # [N], [N]: the best score is the validity check too
-        invalid = ~(best > float("-inf"))
-        return StepResult(tokens, scores, invalid, lambda: self.explain_invalid(invalid, rows, scores))
 
     def explain_invalid(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
         """Raise exact mode's `ValueError` for the rows `bad` (`(rows,)` bool) left with nothing to choose:
@@ -190,7 +162,8 @@ class SamplerState:
         processors = self._processors_on(rows.device)
         self._check_rows_per_row(rows.shape[0])
         self._batch_rows = rows.shape[0]
-        if self.fast and self.do_sample and self._plan is not None:
+        fast = self.route() is Route.FAST
+        if fast and self._plan is not None:
             self._check_coins_replayable(processors, rows)
         ids = cast(torch.LongTensor, input_ids)
         scores = self._float_copy(rows)  # [N, V]
@@ -198,7 +171,7 @@ class SamplerState:
         for index, processor in enumerate(processors):
             scores = check_processor_output(processor, scores, processor(ids, scores.clone()), index=index)
             outputs.append((processor, scores))
-        if not (self.fast and self.do_sample):
+        if not fast:
             return outputs, self.choose(scores, raw=rows)
         from hfbridge._step.fast.fast_path import fast_draw
 

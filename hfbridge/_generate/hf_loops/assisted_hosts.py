@@ -36,7 +36,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from hfbridge._generate.call import decode as _decode
 from hfbridge._generate.call import prepare as _prepare
 from hfbridge._generate.hf_loops.host import LoopHost
-from hfbridge._generate.loop import add_note, at_step, forward_and_update
+from hfbridge._generate.loop import forward_and_update
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._hf import names
 from hfbridge._hf.caches import CacheBase
@@ -50,6 +50,7 @@ from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.layout import Layout
 from hfbridge._step.sampler import Sampler, extract_logits
 from hfbridge._step.stateful_members import stateful_members
+from hfbridge._step.step_errors import add_note, at_step
 
 
 class Rollback(CacheBase):

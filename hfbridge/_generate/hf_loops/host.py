@@ -30,7 +30,7 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hfbridge._generate.loop import add_note, at_step, forward_and_update
+from hfbridge._generate.loop import forward_and_update
 from hfbridge._generate.stateful_calls import Stateful
 from hfbridge._hf import names
 from hfbridge._hf.contracts import TransformersContractError, check_reordered
@@ -41,6 +41,7 @@ from hfbridge._models.callables import AdapterTypeError, checked_state
 from hfbridge._step.layout import Layout
 from hfbridge._step.processor_list import BadProcessorOutput
 from hfbridge._step.sampler import Sampler, extract_logits
+from hfbridge._step.step_errors import add_note, at_step
 
 
 class AdapterCache:
