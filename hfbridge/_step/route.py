@@ -32,11 +32,6 @@ class Route(enum.Enum):
     EXACT = "exact"
     FAST = "fast"
 
-    @property
-    def samples(self) -> bool:
-        """Whether the step draws (EXACT, FAST) rather than takes the argmax (ARGMAX, GREEDY)."""
-        return self is Route.EXACT or self is Route.FAST
-
 
 def decide_route(*, fast: bool, do_sample: bool, has_processors: bool, keep_scores: bool, keep_raw: bool) -> Route:
     """The route of a step.

@@ -276,30 +276,41 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         >>> result.tokens.tolist(), result.invalid
         ([1], None)
         """
-        shape, device = rows.shape, rows.device
-        if shape[-1] != self._vocab_checked:
-            self._check_vocab(shape[-1])
-        processors = self._processors_on(device)
-        self._check_rows_per_row(shape[0])
-        self._batch_rows = shape[0]
-        route = self.route(keep_scores=scores is not None) if route is None else route
+        vocab, batch = rows.shape[-1], rows.shape[0]
+        if vocab != self._vocab_checked:
+            self._check_vocab(vocab)
+        processors = self._processors_on(rows.device)
+        self._check_rows_per_row(batch)
+        self._batch_rows = batch
+        if route is None:
+            route = self.route(keep_scores=scores is not None)
+        if route is Route.ARGMAX:  # HF's argmax straight off the logits: no copy, nothing to process
+            tokens, best = greedy(rows)  # [N], [N]: the best score is the validity check too
+            return self._greedy_result(tokens, best, rows, None, defer)
         if route is Route.FAST:
-            tokens = processors_stage(at, lambda: self._fast_tokens(input_ids, rows, processors))
+            tokens = self._fast_tokens(input_ids, rows, processors) if at is None else \
+                processors_stage(at, lambda: self._fast_tokens(input_ids, rows, processors))
             if self._last_fast is None:  # valid, known without a read
                 return StepResult(tokens, None, None, None)
             return StepResult(tokens, None, self.invalid_rows, lambda: self.check_rows(True))
-        if route is not Route.ARGMAX:  # the step's own copy unless the caller keeps one: processors may write into it
-            ids = cast(torch.LongTensor, input_ids)
-            if scores is None:
-                with owned_scores():
-                    scores = processors_stage(at, lambda: processors(ids, self._float_copy(rows)))  # [N, V]
-            else:
-                kept = scores
-                scores = processors_stage(at, lambda: processors(ids, kept))  # [N, V]
+        ids = cast(torch.LongTensor, input_ids)
+        if scores is None:  # the step's own copy: processors may write into it
+            with owned_scores():
+                scores = processors(ids, self._float_copy(rows)) if at is None else \
+                    processors_stage(at, lambda: processors(ids, self._float_copy(rows)))  # [N, V]
+        else:  # the caller keeps this very tensor (HF's raw logits)
+            kept = scores
+            scores = processors(ids, kept) if at is None else processors_stage(at, lambda: processors(ids, kept))
+        processed = scores
+        if route is Route.EXACT:  # torch.multinomial reads its input: checked at once
+            return StepResult(at_step(at, lambda: self.choose(processed, raw=rows)), scores, None, None)
+        tokens, best = greedy(scores)  # [N], [N]
+        return self._greedy_result(tokens, best, rows, scores, defer)
+
+    def _greedy_result(self, tokens: torch.Tensor, best: torch.Tensor, rows: torch.Tensor,
+                       scores: torch.Tensor | None, defer: bool) -> StepResult:
+        """A greedy step's result: its rows' validity (NaN or -inf best scores) deferred, or checked now."""
         chosen = rows if scores is None else scores
-        if route.samples:  # torch.multinomial reads its input: checked at once
-            return StepResult(at_step(at, lambda: self.choose(chosen, raw=rows)), scores, None, None)
-        tokens, best = greedy(chosen)  # [N], [N]: the best score is the validity check too
         if not defer:
             self._check_best(best, chosen, rows)
             return StepResult(tokens, scores, None, None)
