@@ -1,10 +1,11 @@
-"""The last stage of a `Sampler` step: the token chosen (greedy argmax, or HF's softmax and draw), and the
+"""The last stage of a `Sampler` step: the draw (HF's softmax and multinomial; the argmax is `greedy_choice`, which
+`Sampler.step` runs on the route `_step/route.py` decides), and the
 rows left with nothing to choose explained with exact mode's error (at once in exact mode; the fast path's
 flag read by `check_rows`). `Sampler` (`_step/sampler.py`) inherits it.
 
 >>> import torch
 >>> from hfbridge._step.sampler import Sampler
->>> Sampler(do_sample=False).choose(torch.tensor([[0.0, 2.0, 1.0]])).tolist()
+>>> Sampler(do_sample=True, top_k=1).choose(torch.tensor([[0.0, 2.0, float("-inf")]])).tolist()
 [1]
 """
 
@@ -14,7 +15,6 @@ from typing import Any
 
 import torch
 
-from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.exact_draw import draw_one, softmax
 from hfbridge._step.per_row_draw import choose_rows
 from hfbridge._step.processor_list import processor_name
@@ -104,16 +104,12 @@ class StepChoice:
         raise invalid_rows_error(raw, scores, sampling=self.do_sample, processor_names=names, bad=bad)
 
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
-        """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.
+        """HF's draw: `softmax` then `torch.multinomial(num_samples=1)` (per-row groups: each group's own, a
+        temperature of 0 greedy); the sampling step's choice (`Sampler.step` takes the argmax itself).
 
-        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN), or with +inf
-        when sampling; `raw`, the logits before processing, tells the model's NaN or +inf apart
-        from the processors'.
+        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN), or with +inf;
+        `raw`, the logits before processing, tells the model's NaN or +inf apart from the processors'.
         """
-        if not self.do_sample:
-            tokens, best = greedy_choice(scores)  # the best score doubles as the validity check
-            self._check_best(best, scores, raw)
-            return tokens
         self._check_generator(scores.device)
         if (self._plan is not None and self._plan.mixed) or isinstance(self.generator, (list, tuple)):
             self._check_rows_per_row(scores.shape[0])

@@ -24,6 +24,7 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessorList
 
+from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.option_table import sampling_processors
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.route import Route
@@ -79,6 +80,9 @@ class SamplerState:
         raise NotImplementedError
 
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
         raise NotImplementedError
 
     def check_rows(self, invalid: bool | None = None) -> None:
@@ -162,8 +166,8 @@ class SamplerState:
         processors = self._processors_on(rows.device)
         self._check_rows_per_row(rows.shape[0])
         self._batch_rows = rows.shape[0]
-        fast = self.route() is Route.FAST
-        if fast and self._plan is not None:
+        route = self.route()
+        if route is Route.FAST and self._plan is not None:
             self._check_coins_replayable(processors, rows)
         ids = cast(torch.LongTensor, input_ids)
         scores = self._float_copy(rows)  # [N, V]
@@ -171,8 +175,8 @@ class SamplerState:
         for index, processor in enumerate(processors):
             scores = check_processor_output(processor, scores, processor(ids, scores.clone()), index=index)
             outputs.append((processor, scores))
-        if not fast:
-            return outputs, self.choose(scores, raw=rows)
+        if route is not Route.FAST:
+            return outputs, self._choose_recorded(route, scores, rows)
         from hfbridge._step.fast.fast_path import fast_draw
 
         replays: dict[int, torch.Tensor] = {}
@@ -196,6 +200,14 @@ class SamplerState:
         self.check_rows()
         return outputs, result.tokens
 
+
+    def _choose_recorded(self, route: Route, scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The exact routes' choice on recorded scores, with their errors at once: the draw, or the argmax."""
+        if route is Route.EXACT:
+            return self.choose(scores, raw=rows)
+        tokens, best = greedy_choice(scores)  # [N], [N]
+        self._check_best(best, scores, rows)
+        return tokens
 
     def _check_coins_replayable(self, processors: Any, rows: torch.Tensor) -> None:
         """Refuse what `explain` cannot record exactly: XTC's coins drawn group by group in the fast step.
