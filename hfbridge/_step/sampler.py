@@ -229,7 +229,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         return tokens if len(batch_shape) == 1 else from_rows(tokens, batch_shape)
 
     def route(self, *, keep_scores: bool = False, keep_raw: bool = False) -> Route:
-        """The way this sampler's steps go (`_step/route.py`, the one place that decides it).
+        """The way this sampler's steps go: plain argmax, greedy, exact or fast (decided here, nowhere else).
 
         Args:
             keep_scores: The caller keeps the processed scores (the fast path keeps none: exact then).
