@@ -61,7 +61,9 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
 
     Args:
         budget: Thinking tokens allowed per span (int >= 0). One value, or one per row.
-        start_ids: The start tag: token ids, or a string (needs `tokenizer`). E.g. "<think>".
+        start_ids: The start tag: token ids, or a string (needs `tokenizer`). E.g. "<think>". A string
+            that is one entry of the tokenizer's vocabulary is that token, as `convert_tokens_to_ids` finds
+            it; another is encoded; one that encodes to the unknown token is refused.
         end_ids: The end tag, likewise. E.g. "</think>".
         message_ids: Forced before the end tag when the budget runs out (ids or a string). Default: none.
         tokenizer: A transformers tokenizer: tokenizes string tags and tells tokens that end inside a
@@ -231,14 +233,7 @@ def _ids(name: str, value: Any, tokenizer: Any, *, empty: bool = False) -> list[
             if empty:
                 return []
             raise ValueError(f"`{name}` is an empty string.")
-        try:
-            ids = list(tokenizer.encode(value, add_special_tokens=False))
-        except Exception as error:  # anything a tokenizer-like object raises
-            raise TypeError(f"`tokenizer` must be a transformers tokenizer (encode), got "
-                            f"{type(tokenizer).__name__}: {error}") from None
-        if not ids:
-            raise ValueError(f"`{name}` {value!r} tokenizes to no tokens.")
-        return [int(token) for token in ids]
+        return _tokenized(name, value, tokenizer, tag=not empty)
     if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
             ("int", "uint")):
         value = value.tolist()  # a tensor or numpy array of ids, read once at construction
@@ -248,6 +243,31 @@ def _ids(name: str, value: Any, tokenizer: Any, *, empty: bool = False) -> list[
     if not value and not empty:
         raise ValueError(f"`{name}` is empty: give at least one token id.")
     return [int(token) for token in value]
+
+
+def _tokenized(name: str, value: str, tokenizer: Any, *, tag: bool) -> list[int]:
+    """A string's token ids, found as transformers finds a special token: a tag that is one entry of the
+    vocabulary (an added token, or a plain entry that `encode` would split) is that entry
+    (`convert_tokens_to_ids`); anything else is `encode`d. A string that encodes to the unknown token is
+    refused: such a tag could never be matched."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    try:
+        if tag and hasattr(tokenizer, "convert_tokens_to_ids"):
+            single = tokenizer.convert_tokens_to_ids(value)
+            if isinstance(single, numbers.Integral) and not isinstance(single, bool) and single >= 0 and (
+                    single != unknown or value == getattr(tokenizer, "unk_token", None)):
+                return [int(single)]
+        ids = [int(token) for token in tokenizer.encode(value, add_special_tokens=False)]
+    except Exception as error:  # anything a tokenizer-like object raises
+        raise TypeError(f"`tokenizer` must be a transformers tokenizer (encode), got "
+                        f"{type(tokenizer).__name__}: {error}") from None
+    if not ids:
+        raise ValueError(f"`{name}` {value!r} tokenizes to no tokens.")
+    if isinstance(unknown, numbers.Integral) and unknown in ids:
+        raise ValueError(f"`{name}` {value!r} is not a token of the tokenizer and encodes to unknown tokens "
+                         f"({ids}, unk_token_id={unknown}), so it could never be matched; pass a string the "
+                         "tokenizer knows, or the tag's token ids.")
+    return ids
 
 
 # Decoding every token of a large vocabulary takes about a second: the answer is kept per tokenizer.
