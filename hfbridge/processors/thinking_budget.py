@@ -254,7 +254,7 @@ def _tokenized(name: str, value: str, tokenizer: Any, *, tag: bool) -> list[int]
     try:
         if tag and hasattr(tokenizer, "convert_tokens_to_ids"):
             single = tokenizer.convert_tokens_to_ids(value)
-            if isinstance(single, numbers.Integral) and not isinstance(single, bool) and single >= 0 and (
+            if isinstance(single, numbers.Integral) and not isinstance(single, bool) and int(single) >= 0 and (
                     single != unknown or value == getattr(tokenizer, "unk_token", None)):
                 return [int(single)]
         ids = [int(token) for token in tokenizer.encode(value, add_special_tokens=False)]

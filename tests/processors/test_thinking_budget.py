@@ -406,12 +406,11 @@ def test_a_tag_that_is_a_vocabulary_entry_but_encodes_split_is_found():
     processor = ThinkingBudgetLogitsProcessor(1, "<think>", "</think>", tokenizer=tokenizer)
     assert (processor.start_ids, processor.end_ids) == ([1], [2])
     # the budget triggers: the prompt opens the span, one thinking token, then the end tag is forced
-    script = [3, 3, 3]
     def model(input_ids):
         logits = torch.zeros(*input_ids.shape, len(tokenizer))
         logits[..., 3] = 5.0
         return logits
-    out = generate(model, torch.tensor([[4, 1]]), max_new_tokens=len(script), thinking_budget=1,
+    out = generate(model, torch.tensor([[4, 1]]), max_new_tokens=3, thinking_budget=1,
                    tokenizer=tokenizer)
     assert out[0, 2:].tolist() == [3, 2, 3]
 
