@@ -76,9 +76,11 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     rows_expected = call.sequences.shape[0]
     pad_token = special_token(call.config, "pad")
     pads_finished_rows = pads_finished(call.criteria)
+    phased = sampler.phased  # `thinking_options`: each row's phase its own sampler (`_step/phases.py`)
     use_fast = sampler.fast and sampler.do_sample and call.scores is None  # the fused path keeps no scores
     # plain greedy: HF's argmax straight on the model's logits, no copy
-    plain_greedy = not (sampler.processors or sampler.do_sample) and call.scores is None and call.raw_logits is None
+    plain_greedy = not (sampler.processors or sampler.do_sample or phased) and call.scores is None \
+        and call.raw_logits is None
     finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
                             synced=options.synced)
     # the step's logits are still at hand when its flags are read at the same step
@@ -129,6 +131,8 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
         if plain_greedy:
             tokens, best = greedy_route(view)  # [N], [N]: the best score is the validity check
             finished.note_invalid(step, best, _explain_greedy(sampler, best, view, view) if explain_now else None)
+        elif phased:
+            tokens = _phased(sampler, call, view, step, finished, explain_now)  # [N]
         else:
             tokens = _choose(sampler, call, view, step, use_fast, finished, explain_now)  # [N]
         if banned is not None:
@@ -277,6 +281,30 @@ def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, use_fa
     tokens, best = greedy_choice(scores)  # [N], [N]: the best score is the validity check too
     finished.note_invalid(step, best, _explain_greedy(sampler, best, view, scores) if explain_now else None)
     return tokens
+
+
+def _phased(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, finished: FinishedRows,
+            explain_now: bool) -> torch.Tensor:
+    """`Sampler.step` of a sampler with phases: each row by its phase's sampler, with no host read but the
+    phases' one; the rows with nothing to choose go to `finished`, as `_choose`'s."""
+    if call.raw_logits is not None:
+        call.raw_logits += (_float_copy(view),)
+    try:
+        result = sampler.step(call.sequences, view)
+    except BadProcessorOutput as error:
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        raise kind(f"generate(): at step {step}: {error}") from None
+    except (ValueError, TypeError) as error:
+        kind = ValueError if isinstance(error, ValueError) else TypeError
+        raise kind(f"generate(): at step {step}: {error}") from None
+    if call.scores is not None:
+        if result.scores is None:
+            raise ValueError("generate(): `output_scores=True` with `fast=True` and `thinking_options`: the fast path "
+                             "keeps no processed scores; pass fast=False.")
+        call.scores += (result.scores,)
+    if result.invalid is not None:
+        finished.note_invalid(step, result.invalid, result.explain if explain_now else None)
+    return result.tokens
 
 
 def _explain_greedy(sampler: Sampler, best: torch.Tensor, raw: torch.Tensor,

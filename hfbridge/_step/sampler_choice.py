@@ -27,6 +27,7 @@ class StepChoice:
     _processors: Any
     _rows: Any
     _plan: Any
+    _phases: Any
     _fast_valid: Any
     _last_fast: Any
     generator: Any
@@ -46,6 +47,8 @@ class StepChoice:
     def invalid_rows(self) -> torch.Tensor | None:
         """`(rows,)` bool on the logits' device: True for each row the last fast `next_tokens` call
         could not sample (see `check_rows`); None before such a call. Reading it makes no host read."""
+        if self._phases is not None:
+            return getattr(self._phases, "invalid", None)  # the phases' fast samplers' flags, merged
         valid = self._fast_valid
         if isinstance(valid, bool):  # one CPU row whose draw knew the answer: no tensor made until asked
             return torch.tensor([not valid])
@@ -70,6 +73,9 @@ class StepChoice:
             ValueError: exact mode's error for the first invalid row (NaN logits, NaN or `+inf`
                 after the processors, or every token removed), naming the row.
         """
+        if self._phases is not None:
+            self._phases.check_rows(invalid)
+            return
         last, self._last_fast = self._last_fast, None
         if last is None:
             return

@@ -55,6 +55,7 @@ class SamplerState:
     _processors: Any
     _rows: Any
     _plan: Any
+    _phases: Any  # `_step/phases.Phases` with `thinking_options`, else None
     _batch_rows: int
     _head_length: int
     _fast_valid: Any
@@ -115,6 +116,12 @@ class SamplerState:
         >>> result.tokens.tolist(), result.invalid
         ([1], None)
         """
+        if self._phases is not None:  # each row's phase, its own sampler (`_step/phases.py`)
+            if rows.shape[-1] != self._vocab_checked:
+                self._check_vocab(rows.shape[-1])
+            self._check_rows_per_row(rows.shape[0])
+            self._batch_rows = rows.shape[0]
+            return self._phases.step(input_ids, rows)
         if self.fast and self.do_sample:
             tokens = self.next_tokens(input_ids, rows, check=False)
             return StepResult(tokens, None, self.invalid_rows, lambda: self.check_rows(True))
@@ -135,6 +142,8 @@ class SamplerState:
     def _stateful(self) -> list[tuple[Any, torch.Tensor | None]]:
         """`(processor, its rows or None for the whole batch)` for each processor that keeps state per row."""
         found: list[tuple[Any, torch.Tensor | None]] = []
+        if self._phases is not None:  # the phases' samplers' (the wrapper's own list never runs)
+            return [item for sampler in self._phases.samplers() for item in sampler._stateful()]
         for processor in self._processors:
             if is_stateful(processor):
                 found.append((processor, None))
@@ -161,15 +170,23 @@ class SamplerState:
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Row `i` now continues what row `beam_idx[i]` was (HF's beam reorder), for every stateful processor."""
+        self._refuse_phases("reorder")
         for processor, index in self._stateful():
             processor.reorder(beam_idx if index is None else _local(beam_idx, index))
 
     def rollback(self, lengths: Any) -> None:
         """Each row now has `lengths[i]` tokens (an int: every row): its state goes back to that point."""
+        self._refuse_phases("rollback")
         if not isinstance(lengths, torch.Tensor):
             lengths = torch.full((self._batch_rows,), int(lengths), dtype=torch.long)
         for processor, index in self._stateful():
             processor.rollback(lengths if index is None else lengths.index_select(0, index.to(lengths.device)))
+
+    def _refuse_phases(self, what: str) -> None:
+        if self._phases is not None:
+            raise ValueError(f"`{what}` is not supported with `thinking_options`: each phase's sampler follows "
+                             "its own rows, which beams and rolled-back rows would move; drop `thinking_options`, "
+                             "or decode without beams, drafts and banned strings.")
 
     def explain(self, input_ids: torch.Tensor, rows: torch.Tensor
                 ) -> tuple[list[tuple[Any, torch.Tensor]], torch.Tensor]:
@@ -185,6 +202,9 @@ class SamplerState:
         >>> [type(p).__name__ for p, _ in trace], tokens.tolist()
         (['TopKLogitsWarper'], [1])
         """
+        if self._phases is not None:
+            raise ValueError("a Sampler with `thinking_options` runs other processors per phase: call "
+                             "`explain_phases` (explain_step does).")
         if rows.shape[-1] != self._vocab_checked:
             self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
@@ -223,6 +243,18 @@ class SamplerState:
         self.check_rows()
         return outputs, result.tokens
 
+
+    def explain_phases(self, input_ids: torch.Tensor, rows: torch.Tensor
+                       ) -> tuple[dict[int, list[tuple[Any, torch.Tensor]]], torch.Tensor, list[bool], dict[int, bool]]:
+        """`explain` with `thinking_options`: each phase's sampler explains its rows; `(each row's
+        [(processor, (vocab,) scores after it)], (rows,) tokens, each row's phase (True: thinking), each row's
+        do_sample)` (`_step/phases.Phases.explain`)."""
+        if self._phases is None:
+            raise ValueError("`explain_phases` needs a Sampler with `thinking_options`; call `explain`.")
+        if rows.shape[-1] != self._vocab_checked:
+            self._check_vocab(rows.shape[-1])
+        self._check_rows_per_row(rows.shape[0])
+        return self._phases.explain(input_ids, rows)
 
     def _check_coins_replayable(self, processors: Any, rows: torch.Tensor) -> None:
         """Refuse what `explain` cannot record exactly: XTC's coins drawn group by group in the fast step.

@@ -51,7 +51,7 @@ from hfbridge.processors._host import host_path
 from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam, described
 
-__all__ = ["ThinkingBudgetLogitsProcessor"]
+__all__ = ["ThinkingBudgetLogitsProcessor", "span_open", "tag_ids"]
 
 IDLE, COUNTING, WAITING, FORCING, DONE = range(5)  # the phases; a state row is (phase, remaining, start, end, forced)
 
@@ -141,7 +141,7 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
 
     def _arm(self, ids: torch.Tensor, budget: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """`(rows, 5)` the state of rows whose `ids` are a prompt: counting if its last start tag is open."""
-        inside = _last_end(ids, start) > _last_end(ids, end)  # [B]
+        inside = span_open(ids, start, end)  # [B]
         phase = torch.where(inside, torch.where(budget <= 0, FORCING, COUNTING), IDLE)
         zeros = torch.zeros_like(budget)
         return torch.stack([phase, budget, zeros, zeros, zeros], dim=-1)
@@ -221,6 +221,27 @@ def _last_end(ids: torch.Tensor, tag: torch.Tensor) -> torch.Tensor:
     hits = (ids.unfold(1, size, 1) == tag).all(-1)  # [B, L - size + 1]
     ends = torch.arange(size, length + 1, device=ids.device)
     return torch.where(hits, ends, 0).amax(-1)
+
+
+def span_open(ids: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """`(rows,)` bool: each row of `ids` `(rows, seq)` is inside a thinking span, its last start tag
+    (`start`, `(k,)` ids) not closed by an end tag (`end`) after it; on the device, no host read.
+
+    >>> span_open(torch.tensor([[1, 7, 3], [7, 8, 9]]), torch.tensor([7]), torch.tensor([8, 9])).tolist()
+    [True, False]
+    """
+    return _last_end(ids, start) > _last_end(ids, end)
+
+
+def tag_ids(name: str, value: Any, tokenizer: Any) -> list[int]:
+    """A thinking tag's token ids: a list / 1-D tensor of ids, or a string tokenized by `tokenizer` as the
+    budget finds its tags (a vocabulary entry as `convert_tokens_to_ids` finds it, else `encode`); errors
+    name the option `name`.
+
+    >>> tag_ids("thinking_start", [7], None)
+    [7]
+    """
+    return _ids(name, value, tokenizer)
 
 
 def _ids(name: str, value: Any, tokenizer: Any, *, empty: bool = False) -> list[int]:

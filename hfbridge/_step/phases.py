@@ -1,0 +1,329 @@
+"""Phase-aware sampling: other options while a row is thinking (`thinking_options=`).
+
+A row is **thinking** while its last start tag (`thinking_start`, e.g. `<think>`) is not closed by an end
+tag (`thinking_end`) after it; a prompt may open the span. While thinking, a row's step uses the call's
+options updated with `thinking_options`; otherwise, the call's options. The phase is a function of the
+tokens (`processors.thinking_budget.span_open`), computed on the device for every row at every step;
+with a thinking budget, the end tag it forces closes the span like any other.
+
+How a step runs (`Phases`): a `Sampler` per phase, built once (`units`): one for the whole batch, or,
+with one value per row (of the options or of `thinking_options`) or a list of generators, one per group of
+rows with the same values (one per row with a generator list). Each step reads the rows' phases once (the
+only host read it adds) and runs each phase's sampler on its rows alone, so every row's token is the one a
+hand loop gets by calling that phase's sampler on that row (`sample_step` with the row's options for its
+phase): stateful samplers (mirostat, adaptive-p, the budget) keep one state per phase, following their
+rows by their tokens. With one generator (or the global RNG) shared by the rows, the draws happen unit
+by unit in the order of their first rows, and in each unit the answering rows first, then the thinking
+ones.
+
+>>> import torch
+>>> phases = check_thinking_options({"temperature": 0.7, "top_k": 3})
+>>> phases
+{'temperature': 0.7, 'top_k': 3}
+>>> check_thinking_options({"temprature": 0.7})
+Traceback (most recent call last):
+...
+TypeError: `thinking_options` holds an unknown option `temprature`. Did you mean `temperature`?
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from hfbridge._hf.host import generation_option_names
+from hfbridge._step.build_processors import make_generation_config, step_option_names
+from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.option_checks import did_you_mean
+from hfbridge._step.option_table import per_row_options
+from hfbridge._step.per_row import PerRowValues, split_per_row
+from hfbridge._step.sampler_state import StepResult
+from hfbridge.processors.thinking_budget import span_open, tag_ids
+
+__all__ = ["PHASE_NAMES", "Phases", "check_thinking_options", "expand_thinking_options"]
+
+PHASE_NAMES = ("answer", "thinking")  # a row's phase, by the value of `span_open`
+
+# Options of the whole call, the same in both phases: the tags that find the phase, the lengths, the special
+# tokens, and the options whose processors need more than the step (guidance's second sequence, watermarks).
+_CALL_OPTIONS = ("max_length", "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "guidance_scale",
+                 "watermarking_config")
+_TAGS = ("thinking_start", "thinking_end")
+
+
+def check_thinking_options(value: Any) -> dict[str, Any] | None:
+    """`thinking_options` checked by name (a mapping of step options); its values are checked when its
+    samplers are built (`Phases.build`). None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError("`thinking_options` must be a mapping of the options that differ while a row is "
+                        f"thinking (e.g. {{'temperature': 0.8}}), got {type(value).__name__}.")
+    accepted = step_option_names() | frozenset(COMMUNITY_OPTIONS) | {"do_sample"}
+    checked: dict[str, Any] = {}
+    for name, option in value.items():
+        if not isinstance(name, str):
+            raise TypeError(f"`thinking_options` keys must be option names (str), got {type(name).__name__} "
+                            f"{name!r}.")
+        if name == "thinking_options":
+            raise ValueError("`thinking_options` holds `thinking_options`: phases do not nest; pass the thinking "
+                             "phase's options directly in it.")
+        if name in _TAGS:
+            raise ValueError(f"`thinking_options` holds `{name}`, which finds the phase and so is the same in both: "
+                             "pass it beside `thinking_options`.")
+        if name in _CALL_OPTIONS or (name in generation_option_names() and name not in accepted):
+            raise ValueError(f"`thinking_options` holds `{name}`, an option of the whole call (the strategy, the "
+                             "lengths, the special tokens), which cannot differ by phase: pass it beside "
+                             "`thinking_options`.")
+        if name not in accepted:
+            raise TypeError(f"`thinking_options` holds an unknown option `{name}`."
+                            f"{did_you_mean(name, accepted)}")
+        checked[name] = option
+    return checked
+
+
+def expand_thinking_options(options: dict[str, Any] | None, prompts: int, expand: int) -> dict[str, Any] | None:
+    """`thinking_options` with its values per prompt repeated for each of a prompt's `expand` rows, as
+    `generate` expands `input_ids` (`num_return_sequences`)."""
+    if options is None or expand == 1:
+        return options
+    _, values = _split("thinking_options", options)
+    if values is None:
+        return options
+    values.check_rows(prompts, what="`input_ids` has")
+    return {**options, **values.expanded(expand).values}
+
+
+@dataclass
+class _Unit:
+    """Rows that share their samplers: `rows` (None: every row), and the sampler of each phase."""
+
+    rows: list[int] | None
+    samplers: tuple[Any, Any]  # (answering, thinking)
+
+
+class Phases:
+    """A `Sampler`'s two phases (see the module): `units`, the tags, the last step's phases.
+
+    Args:
+        units: The rows and their two samplers each.
+        start: The start tag's ids; `end`: the end tag's.
+    """
+
+    def __init__(self, units: list[_Unit], start: list[int], end: list[int]):
+        self.units = units
+        self.start, self.end = start, end
+        self._tags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.last: list[bool] | None = None  # each row's phase at the last step (True: thinking)
+
+    @classmethod
+    def build(cls, config: GenerationConfig, per_row: PerRowValues | None, thinking: dict[str, Any],
+              generator: Any, tokenizer: Any, do_sample: bool | None, prompt_length: int | None,
+              make: Callable[[GenerationConfig, Any], Any]) -> Phases:
+        """The units for the prepared `config` (the answering phase's options; `per_row`: its values per
+        row), `thinking` (checked by `check_thinking_options`), `do_sample` as the caller passed it, and
+        `make(config, generator) -> Sampler`."""
+        start = tag_ids("thinking_start", getattr(config, "thinking_start", None) or "<think>", tokenizer) \
+            if tokenizer is not None or not isinstance(getattr(config, "thinking_start", None) or "<think>", str) \
+            else _no_tokenizer("thinking_start", getattr(config, "thinking_start", None) or "<think>")
+        end_value = getattr(config, "thinking_end", None) or "</think>"
+        end = tag_ids("thinking_end", end_value, tokenizer) if tokenizer is not None or not isinstance(
+            end_value, str) else _no_tokenizer("thinking_end", end_value)
+        scalars, inside_rows = _split("thinking_options", thinking)
+        carried = {name: getattr(config, name) for name in per_row_options()
+                   if isinstance(getattr(config, name, None), (list, tuple))}  # the community's, on the config
+        counts = {len(values) for values in carried.values()}
+        counts |= {per_row.rows} if per_row is not None else set()
+        counts |= {inside_rows.rows} if inside_rows is not None else set()
+        counts |= {len(generator)} if isinstance(generator, (list, tuple)) else set()
+        if len(counts) > 1:
+            raise ValueError(f"`thinking_options`: the options' values per row, `thinking_options`' and the "
+                             f"generators must have one per row, the same number of rows; got {sorted(counts)}.")
+        if not counts:  # every row alike: one unit
+            return cls([_Unit(None, _pair(config, {}, dict(scalars), generator, do_sample, prompt_length, make))],
+                       start, end)
+        rows = counts.pop()
+        units: dict[tuple, _Unit] = {}
+        for row in range(rows):
+            base = {name: values[row] for name, values in (per_row.values if per_row is not None else {}).items()}
+            base.update({name: values[row] for name, values in carried.items()})
+            inside = {name: values[row] for name, values in
+                      (inside_rows.values if inside_rows is not None else {}).items()}
+            own = generator[row] if isinstance(generator, (list, tuple)) else generator
+            key = (row if isinstance(generator, (list, tuple)) else None, tuple(sorted(base.items())),
+                   tuple(sorted(inside.items())))
+            unit = units.get(key)
+            if unit is None:
+                units[key] = _Unit([row], _pair(config, base, {**scalars, **inside}, own, do_sample, prompt_length,
+                                                make, row=row))
+            else:
+                assert unit.rows is not None
+                unit.rows.append(row)
+        return cls(list(units.values()), start, end)
+
+    def samplers(self) -> list[Any]:
+        """Every sampler of every unit, answering then thinking."""
+        return [sampler for unit in self.units for sampler in unit.samplers]
+
+    def inside(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`(rows,)` bool on the device: the rows that are thinking (see the module)."""
+        tags = self._tags.get(input_ids.device)
+        if tags is None:
+            tags = (torch.tensor(self.start, device=input_ids.device), torch.tensor(self.end, device=input_ids.device))
+            self._tags[input_ids.device] = tags
+        return span_open(input_ids, *tags)
+
+    def parts(self, input_ids: torch.Tensor) -> list[tuple[Any, list[int] | None, int]]:
+        """`(sampler, its rows (None: every row), phase)` for this step, in the order they run: one host read."""
+        rows = input_ids.shape[0]
+        flags = [bool(flag) for flag in self.inside(input_ids).tolist()]  # the step's one added host read
+        self.last = flags
+        found: list[tuple[Any, list[int] | None, int]] = []
+        for unit in self.units:
+            members = unit.rows if unit.rows is not None else list(range(rows))
+            for phase in (0, 1):
+                picked = [row for row in members if flags[row] == bool(phase)]
+                if picked:
+                    whole = unit.rows is None and len(picked) == rows
+                    found.append((unit.samplers[phase], None if whole else picked, phase))
+        return found
+
+    # ---- the step, run part by part (the tokens, and the scores and flags where each part has them) ----
+
+    def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, check: bool | None) -> torch.Tensor:
+        """`(rows,)` each row's token from its phase's sampler (`Sampler.next_tokens` on its rows)."""
+        tokens: torch.Tensor | None = None
+        invalid: torch.Tensor | None = None
+        for sampler, picked, _ in self.parts(input_ids):
+            if picked is None:
+                tokens, flag = sampler.next_tokens(input_ids, rows, check=check), _flag(sampler)
+                invalid = flag
+                continue
+            index = torch.tensor(picked, dtype=torch.long, device=rows.device)
+            part = sampler.next_tokens(input_ids.index_select(0, index), rows.index_select(0, index), check=check)
+            tokens = _merged(tokens, index, part, rows.shape[0])
+            flag = _flag(sampler)
+            if flag is not None:
+                invalid = _merged(invalid, index, flag.to(rows.device), rows.shape[0], fill=False)
+        assert tokens is not None  # every row is in one part
+        self.invalid = invalid
+        return tokens
+
+    def step(self, input_ids: torch.Tensor, rows: torch.Tensor) -> StepResult:
+        """`Sampler.step` for each part, merged: the tokens, the scores (None when a part keeps none: the
+        fast path), the rows with nothing to choose, and an `explain` that raises the first part's error."""
+        tokens: torch.Tensor | None = None
+        scores: torch.Tensor | None = None
+        invalid: torch.Tensor | None = None
+        explains: list[tuple[torch.Tensor, Callable[[], None]]] = []
+        kept = True
+        results = []
+        for sampler, picked, _ in self.parts(input_ids):
+            if picked is None:
+                result = sampler.step(input_ids, rows)
+                index = None
+            else:
+                index = torch.tensor(picked, dtype=torch.long, device=rows.device)
+                result = sampler.step(input_ids.index_select(0, index), rows.index_select(0, index))
+            results.append((index, result))
+        count = rows.shape[0]
+        for index, result in results:
+            if index is None:
+                return result
+            tokens = _merged(tokens, index, result.tokens, count)
+            kept = kept and result.scores is not None
+            if kept:
+                scores = _merged(scores, index, result.scores, count, fill=float("-inf"))
+            if result.invalid is not None:
+                invalid = _merged(invalid, index, result.invalid, count, fill=False)
+                if result.explain is not None:
+                    explains.append((result.invalid, result.explain))
+        assert tokens is not None
+
+        def explain() -> None:
+            for flags, raise_error in explains:
+                if bool(flags.any()):
+                    raise_error()
+
+        return StepResult(tokens, scores if kept else None, invalid, explain if invalid is not None else None)
+
+    def check_rows(self, invalid: bool | None = None) -> None:
+        """Every phase sampler's `check_rows` (the fast path's flags read, exact mode's error raised)."""
+        for sampler in self.samplers():
+            sampler.check_rows(None if invalid is None or invalid else False)
+
+    def explain(self, input_ids: torch.Tensor, rows: torch.Tensor
+                ) -> tuple[dict[int, list[tuple[Any, torch.Tensor]]], torch.Tensor, list[bool], dict[int, bool]]:
+        """`Sampler.explain` for each part: `(each row's [(processor, (vocab,) scores after it)], (rows,) tokens,
+        each row's phase, each row's do_sample)`."""
+        count = rows.shape[0]
+        traces: dict[int, list[tuple[Any, torch.Tensor]]] = {}
+        samples: dict[int, bool] = {}
+        tokens: torch.Tensor | None = None
+        for sampler, picked, _ in self.parts(input_ids):
+            members = list(range(count)) if picked is None else picked
+            index = torch.tensor(members, dtype=torch.long, device=rows.device)
+            outputs, part = sampler.explain(input_ids.index_select(0, index), rows.index_select(0, index))
+            tokens = _merged(tokens, index, part, count)
+            for local, row in enumerate(members):
+                traces[row] = [(processor, scores[local]) for processor, scores in outputs]
+                samples[row] = bool(sampler.do_sample)
+        assert tokens is not None and self.last is not None
+        return traces, tokens, self.last, samples
+
+
+def _flag(sampler: Any) -> torch.Tensor | None:
+    return sampler.invalid_rows if sampler.fast and sampler.do_sample else None
+
+
+def _merged(into: torch.Tensor | None, index: torch.Tensor, part: torch.Tensor, rows: int,
+            fill: Any = 0) -> torch.Tensor:
+    """`part` `(n, ...)` written at the rows `index` of `into` `(rows, ...)` (made, filled with `fill`, if None)."""
+    if into is None:
+        into = torch.full((rows, *part.shape[1:]), fill, dtype=part.dtype, device=part.device)
+    return into.index_copy_(0, index.to(part.device), part)
+
+
+def _pair(config: GenerationConfig, base: dict[str, Any], inside: dict[str, Any], generator: Any,
+          do_sample: bool | None, prompt_length: int | None, make: Callable[[GenerationConfig, Any], Any],
+          row: int | None = None) -> tuple[Any, Any]:
+    """The answering and the thinking sampler of one unit: `config` with the row's values `base`, and that
+    updated with `inside`."""
+    answering = copy.deepcopy(config)
+    if base:
+        answering = _with_values(answering, base)
+    try:
+        sample = inside.pop("do_sample", do_sample)
+        start = copy.deepcopy(answering)
+        start.max_new_tokens = None  # the lengths are prepared already (`max_length`): not twice, nor warned
+        thinking = make_generation_config(start, do_sample=sample, prompt_length=prompt_length, **inside)
+        thinking.max_new_tokens, thinking.max_length = answering.max_new_tokens, answering.max_length
+    except (TypeError, ValueError) as error:
+        where = f" (row {row})" if row is not None and any(isinstance(v, (list, tuple)) for v in inside.values()) \
+            else ""
+        raise type(error)(f"`thinking_options`{where}: {error}") from None
+    return make(answering, generator), make(thinking, generator)
+
+
+def _with_values(config: GenerationConfig, values: dict[str, Any]) -> GenerationConfig:
+    """`config` with one row's values, as `PerRowValues.plan` makes a group's (a temperature of 0: greedy)."""
+    plan = PerRowValues(1, {name: (value,) for name, value in values.items()}).plan(copy.deepcopy(config))
+    return plan.groups[0][0]
+
+
+def _split(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], PerRowValues | None]:
+    try:
+        return split_per_row(options)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"`{name}`: {error}") from None
+
+
+def _no_tokenizer(name: str, value: str) -> list[int]:
+    raise ValueError(f"`{name}` is a string ({value!r}): `thinking_options` finds the thinking phase by its tags, "
+                     "so pass `tokenizer=` to tokenize them, or give `thinking_start` and `thinking_end` as token "
+                     "ids (the default tags are the strings '<think>' and '</think>').")
