@@ -135,7 +135,10 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                                     unconditional=unconditional, tokenizer=tokenizer,
                                     per_row=per_row, vocab_from_tokenizer=not isinstance(adapter, HFModel),
                                     thinking_options=expand_thinking_options(thinking, batch, expand),
-                                    explicit_do_sample=do_sample)
+                                    prepare_phase=lambda more: make_generation_config(
+                                        generation_config, do_sample=more.pop("do_sample", do_sample),
+                                        prompt_length=prompt_length, accepted=generation_option_names(),
+                                        caller="generate", host=host, **{**config_options, **more}))
     # banned strings: only a strategy whose runner rolls rows back takes them, and not with guidance
     refused = (strategy.name if not strategy.rolls_back else "classifier-free guidance (guidance_scale)"
                if unconditional is not None else None)

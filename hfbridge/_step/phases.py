@@ -28,7 +28,6 @@ TypeError: `thinking_options` holds an unknown option `temprature`. Did you mean
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +36,7 @@ import torch
 from transformers import GenerationConfig
 
 from hfbridge._hf.host import generation_option_names
-from hfbridge._step.build_processors import make_generation_config, step_option_names
+from hfbridge._step.build_processors import step_option_names
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.option_checks import did_you_mean
 from hfbridge._step.option_table import per_row_options
@@ -90,13 +89,13 @@ def check_thinking_options(value: Any) -> dict[str, Any] | None:
 def expand_thinking_options(options: dict[str, Any] | None, prompts: int, expand: int) -> dict[str, Any] | None:
     """`thinking_options` with its values per prompt repeated for each of a prompt's `expand` rows, as
     `generate` expands `input_ids` (`num_return_sequences`)."""
-    if options is None or expand == 1:
+    if options is None:
         return options
     _, values = _split("thinking_options", options)
     if values is None:
         return options
-    values.check_rows(prompts, what="`input_ids` has")
-    return {**options, **values.expanded(expand).values}
+    _check_rows(values, prompts, "`input_ids` has")
+    return options if expand == 1 else {**options, **values.expanded(expand).values}
 
 
 @dataclass
@@ -123,17 +122,14 @@ class Phases:
 
     @classmethod
     def build(cls, config: GenerationConfig, per_row: PerRowValues | None, thinking: dict[str, Any],
-              generator: Any, tokenizer: Any, do_sample: bool | None, prompt_length: int | None,
+              generator: Any, tokenizer: Any, prepare: Callable[[dict[str, Any]], GenerationConfig],
               make: Callable[[GenerationConfig, Any], Any]) -> Phases:
-        """The units for the prepared `config` (the answering phase's options; `per_row`: its values per
-        row), `thinking` (checked by `check_thinking_options`), `do_sample` as the caller passed it, and
-        `make(config, generator) -> Sampler`."""
-        start = tag_ids("thinking_start", getattr(config, "thinking_start", None) or "<think>", tokenizer) \
-            if tokenizer is not None or not isinstance(getattr(config, "thinking_start", None) or "<think>", str) \
-            else _no_tokenizer("thinking_start", getattr(config, "thinking_start", None) or "<think>")
-        end_value = getattr(config, "thinking_end", None) or "</think>"
-        end = tag_ids("thinking_end", end_value, tokenizer) if tokenizer is not None or not isinstance(
-            end_value, str) else _no_tokenizer("thinking_end", end_value)
+        """The units for the prepared `config` (the call's options; `per_row`: its values per row) and
+        `thinking` (checked by `check_thinking_options`). `prepare(options)` prepares the call's config again
+        with `options` over the call's own (`do_sample` among them: the caller's when absent), as the
+        caller's options updated with them would be; `make(config, generator)` builds a `Sampler`."""
+        start, end = (_tag(name, getattr(config, name, None) or default, tokenizer)
+                      for name, default in (("thinking_start", "<think>"), ("thinking_end", "</think>")))
         scalars, inside_rows = _split("thinking_options", thinking)
         carried = {name: getattr(config, name) for name in per_row_options()
                    if isinstance(getattr(config, name, None), (list, tuple))}  # the community's, on the config
@@ -145,7 +141,7 @@ class Phases:
             raise ValueError(f"`thinking_options`: the options' values per row, `thinking_options`' and the "
                              f"generators must have one per row, the same number of rows; got {sorted(counts)}.")
         if not counts:  # every row alike: one unit
-            return cls([_Unit(None, _pair(config, {}, dict(scalars), generator, do_sample, prompt_length, make))],
+            return cls([_Unit(None, (make(config, generator), make(_thinking(prepare, {}, scalars), generator)))],
                        start, end)
         rows = counts.pop()
         units: dict[tuple, _Unit] = {}
@@ -159,8 +155,9 @@ class Phases:
                    tuple(sorted(inside.items())))
             unit = units.get(key)
             if unit is None:
-                units[key] = _Unit([row], _pair(config, base, {**scalars, **inside}, own, do_sample, prompt_length,
-                                                make, row=row))
+                answering = prepare(dict(base)) if base else config
+                thinking_config = _thinking(prepare, base, {**scalars, **inside}, row if inside else None)
+                units[key] = _Unit([row], (make(answering, own), make(thinking_config, own)))
             else:
                 assert unit.rows is not None
                 unit.rows.append(row)
@@ -181,6 +178,10 @@ class Phases:
     def parts(self, input_ids: torch.Tensor) -> list[tuple[Any, list[int] | None, int]]:
         """`(sampler, its rows (None: every row), phase)` for this step, in the order they run: one host read."""
         rows = input_ids.shape[0]
+        expected = sum(len(unit.rows) for unit in self.units if unit.rows is not None)
+        if expected and rows != expected:
+            raise ValueError(f"`thinking_options`: the phases were built for {expected} rows (values or generators "
+                             f"per row), but the step has {rows} rows.")
         flags = [bool(flag) for flag in self.inside(input_ids).tolist()]  # the step's one added host read
         self.last = flags
         found: list[tuple[Any, list[int] | None, int]] = []
@@ -289,31 +290,29 @@ def _merged(into: torch.Tensor | None, index: torch.Tensor, part: torch.Tensor, 
     return into.index_copy_(0, index.to(part.device), part)
 
 
-def _pair(config: GenerationConfig, base: dict[str, Any], inside: dict[str, Any], generator: Any,
-          do_sample: bool | None, prompt_length: int | None, make: Callable[[GenerationConfig, Any], Any],
-          row: int | None = None) -> tuple[Any, Any]:
-    """The answering and the thinking sampler of one unit: `config` with the row's values `base`, and that
-    updated with `inside`."""
-    answering = copy.deepcopy(config)
-    if base:
-        answering = _with_values(answering, base)
+def _thinking(prepare: Callable[[dict[str, Any]], GenerationConfig], base: dict[str, Any],
+              inside: dict[str, Any], row: int | None = None) -> GenerationConfig:
+    """The thinking phase's config: the call's options with the row's values `base`, updated with `inside`."""
     try:
-        sample = inside.pop("do_sample", do_sample)
-        start = copy.deepcopy(answering)
-        start.max_new_tokens = None  # the lengths are prepared already (`max_length`): not twice, nor warned
-        thinking = make_generation_config(start, do_sample=sample, prompt_length=prompt_length, **inside)
-        thinking.max_new_tokens, thinking.max_length = answering.max_new_tokens, answering.max_length
+        return prepare({**base, **inside})
     except (TypeError, ValueError) as error:
-        where = f" (row {row})" if row is not None and any(isinstance(v, (list, tuple)) for v in inside.values()) \
-            else ""
+        where = f" (row {row})" if row is not None else ""
         raise type(error)(f"`thinking_options`{where}: {error}") from None
-    return make(answering, generator), make(thinking, generator)
 
 
-def _with_values(config: GenerationConfig, values: dict[str, Any]) -> GenerationConfig:
-    """`config` with one row's values, as `PerRowValues.plan` makes a group's (a temperature of 0: greedy)."""
-    plan = PerRowValues(1, {name: (value,) for name, value in values.items()}).plan(copy.deepcopy(config))
-    return plan.groups[0][0]
+def _tag(name: str, value: Any, tokenizer: Any) -> list[int]:
+    if isinstance(value, str) and tokenizer is None:
+        raise ValueError(f"`{name}` is a string ({value!r}): `thinking_options` finds the thinking phase by its "
+                         "tags, so pass `tokenizer=` to tokenize them, or give `thinking_start` and `thinking_end` "
+                         "as token ids (the default tags are the strings '<think>' and '</think>').")
+    return tag_ids(name, value, tokenizer)
+
+
+def _check_rows(values: PerRowValues, rows: int, what: str) -> None:
+    try:
+        values.check_rows(rows, what=what)
+    except ValueError as error:
+        raise ValueError(f"`thinking_options`: {error}") from None
 
 
 def _split(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], PerRowValues | None]:
@@ -321,9 +320,3 @@ def _split(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], PerRowVa
         return split_per_row(options)
     except (TypeError, ValueError) as error:
         raise type(error)(f"`{name}`: {error}") from None
-
-
-def _no_tokenizer(name: str, value: str) -> list[int]:
-    raise ValueError(f"`{name}` is a string ({value!r}): `thinking_options` finds the thinking phase by its tags, "
-                     "so pass `tokenizer=` to tokenize them, or give `thinking_start` and `thinking_end` as token "
-                     "ids (the default tags are the strings '<think>' and '</think>').")

@@ -118,7 +118,10 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
-                    tokenizer=tokenizer, per_row=per_row, thinking_options=thinking, explicit_do_sample=do_sample)
+                    tokenizer=tokenizer, per_row=per_row, thinking_options=thinking,
+                    prepare_phase=lambda options: make_generation_config(
+                        generation_config, do_sample=options.pop("do_sample", do_sample), prompt_length=prompt_length,
+                        **{**generation_kwargs, **options}))
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -138,7 +141,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
                unconditional: Callable[[torch.Tensor], Any] | None = None,
                tokenizer: Any = None, per_row: PerRowValues | None = None,
                vocab_from_tokenizer: bool = True, thinking_options: dict[str, Any] | None = None,
-               explicit_do_sample: bool | None = None) -> None:
+               prepare_phase: Callable[[dict[str, Any]], GenerationConfig] | None = None) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -180,10 +183,12 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self._batch_rows = 1  # the rows of the last step (`rollback` with one length for every row)
         self._phases: Phases | None = None  # `thinking_options`: a sampler per phase (`_step/phases.py`)
         if thinking_options is not None:
-            self._phases = self._phased(config, per_row, thinking_options, explicit_do_sample)
+            if prepare_phase is None:
+                raise ValueError("`thinking_options` needs `prepare_phase` (how the call's options are prepared).")
+            self._phases = self._phased(config, per_row, thinking_options, prepare_phase)
 
     def _phased(self, config: GenerationConfig, per_row: PerRowValues | None, thinking: dict[str, Any],
-                do_sample: bool | None) -> Phases:
+                prepare: Callable[[dict[str, Any]], GenerationConfig]) -> Phases:
         for name, value in (("processors", self._user_processors), ("unconditional", self._unconditional),
                             ("prefix_allowed_tokens_fn", self._prefix_allowed_tokens_fn)):
             if value:
@@ -194,8 +199,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             return Sampler.from_prepared(phase_config, generator=generator, prompt_length=self.prompt_length,
                                          fast=self.fast, tokenizer=self._tokenizer, vocab_from_tokenizer=False)
 
-        phases = Phases.build(config, per_row, thinking, self.generator, self._tokenizer, do_sample,
-                              self.prompt_length, make)
+        phases = Phases.build(config, per_row, thinking, self.generator, self._tokenizer, prepare, make)
         self.do_sample = any(sampler.do_sample for sampler in phases.samplers())
         return phases
 
