@@ -8,8 +8,10 @@ with a thinking budget, the end tag it forces closes the span like any other.
 
 How a step runs (`Phases`): a `Sampler` per phase, built once (`units`): one for the whole batch, or,
 with one value per row (of the options or of `thinking_options`) or a list of generators, one per group of
-rows with the same values (one per row with a generator list). Each step reads the rows' phases once (the
-only host read it adds) and runs each phase's sampler on its rows alone, so every row's token is the one a
+rows with the same values (one per row with a generator list). When every phase is greedy and keeps no state
+but the budget's (a function of the tokens), both phases run on every row and each row's token is picked by its
+phase on the device, with no host read. Otherwise each step reads the rows' phases once (the only host read it
+adds) and runs each phase's sampler on its rows alone, so every row's token is the one a
 hand loop gets by calling that phase's sampler on that row (`sample_step` with the row's options for its
 phase): stateful samplers (mirostat, adaptive-p, the budget) keep one state per phase, following their
 rows by their tokens. With one generator (or the global RNG) shared by the rows, the draws happen unit
@@ -118,7 +120,14 @@ class Phases:
         self.units = units
         self.start, self.end = start, end
         self._tags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._indices: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.last: list[bool] | None = None  # each row's phase at the last step (True: thinking)
+        # Every phase greedy and following nothing but the tokens: `step` runs both phases on every row and picks
+        # each row's token by its phase on the device, with no host read (a draw, or a state fed by a
+        # distribution, would see rows of the other phase there).
+        self.without_read = all(not sampler.do_sample and all(
+            type(processor).__name__ == "ThinkingBudgetLogitsProcessor" for processor, _ in sampler._stateful())
+            for sampler in self.samplers())
 
     @classmethod
     def build(cls, config: GenerationConfig, per_row: PerRowValues | None, thinking: dict[str, Any],
@@ -218,6 +227,8 @@ class Phases:
     def step(self, input_ids: torch.Tensor, rows: torch.Tensor) -> StepResult:
         """`Sampler.step` for each part, merged: the tokens, the scores (None when a part keeps none: the
         fast path), the rows with nothing to choose, and an `explain` that raises the first part's error."""
+        if self.without_read:
+            return self._step_on_device(input_ids, rows)
         tokens: torch.Tensor | None = None
         scores: torch.Tensor | None = None
         invalid: torch.Tensor | None = None
@@ -252,6 +263,48 @@ class Phases:
                     raise_error()
 
         return StepResult(tokens, scores if kept else None, invalid, explain if invalid is not None else None)
+
+    def _step_on_device(self, input_ids: torch.Tensor, rows: torch.Tensor) -> StepResult:
+        """Both (greedy) phases on each unit's rows, each row's token, scores and validity taken from its phase's
+        with `torch.where`: no host read (`without_read`)."""
+        inside = self.inside(input_ids)  # [N] bool, on the device
+        self.last = None
+        count = rows.shape[0]
+        tokens: torch.Tensor | None = None
+        scores: torch.Tensor | None = None
+        invalid: torch.Tensor | None = None
+        explains: list[tuple[torch.Tensor, Callable[[], None]]] = []
+        for unit in self.units:
+            index = None if unit.rows is None else self._index(unit.rows, rows.device)
+            ids, part = (input_ids, rows) if index is None else (input_ids.index_select(0, index),
+                                                                 rows.index_select(0, index))
+            flag = inside if index is None else inside.index_select(0, index)  # [n]
+            answering, thinking = (sampler.step(ids, part) for sampler in unit.samplers)
+            chosen = torch.where(flag, thinking.tokens, answering.tokens)
+            kept = torch.where(flag[:, None], thinking.scores, answering.scores)
+            bad = torch.where(flag, thinking.invalid, answering.invalid)
+            explains += [(answering.invalid & ~flag, answering.explain), (thinking.invalid & flag, thinking.explain)]
+            if index is None:
+                tokens, scores, invalid = chosen, kept, bad
+            else:
+                tokens = _merged(tokens, index, chosen, count)
+                scores = _merged(scores, index, kept, count, fill=float("-inf"))
+                invalid = _merged(invalid, index, bad, count, fill=False)
+        assert tokens is not None
+
+        def explain() -> None:
+            for flags, raise_error in explains:
+                if bool(flags.any()):
+                    raise_error()
+
+        return StepResult(tokens, scores, invalid, explain)
+
+    def _index(self, members: list[int], device: torch.device) -> torch.Tensor:
+        key = (members[0], device)
+        index = self._indices.get(key)
+        if index is None:
+            index = self._indices[key] = torch.tensor(members, dtype=torch.long, device=device)
+        return index
 
     def check_rows(self, invalid: bool | None = None) -> None:
         """Every phase sampler's `check_rows` (the fast path's flags read, exact mode's error raised)."""

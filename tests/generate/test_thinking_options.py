@@ -80,6 +80,10 @@ CASES = {
     "mirostat 1 outside, adaptive-p inside": ({"mirostat": 1, "mirostat_tau": 3.0},
                                               {"mirostat": 0, "adaptive_target": 0.3}),
     "the budget forces the end": ({"thinking_budget": 2}, {"do_sample": True, "temperature": 1.5}),
+    # every phase greedy: both run on every row, each row's token picked on the device (no host read)
+    "greedy, penalties inside": ({}, {"repetition_penalty": 3.0, "no_repeat_ngram_size": 2}),
+    "greedy, per-row penalties, a budget": ({"repetition_penalty": (1.0, 1.5, 2.0), "thinking_budget": 3},
+                                            {"suppress_tokens": [3], "repetition_penalty": (2.0, 1.0, 3.0)}),
 }
 
 
@@ -95,6 +99,26 @@ def test_generate_equals_the_hand_loop(case, fast):
     # not vacuous: rows were thinking and answering
     flat = [phase for row in phases for phase in row]
     assert any(flat) and not all(flat)
+
+
+def test_greedy_phases_choose_without_a_host_read():
+    from _host_reads import HostReads
+
+    from hfbridge import accelerator_route
+
+    table = _table()
+    ids = torch.cat([PROMPTS, torch.tensor([[3], [7], [8]])], 1)
+    for base, thinking in (CASES["greedy, penalties inside"], ({"thinking_budget": 1}, {"repetition_penalty": 2.0})):
+        sampler = Sampler(prompt_length=3, thinking_options=thinking, **base, **TAGS)
+        with accelerator_route(), HostReads() as reads:  # what an accelerator runs (on CPU a read is free)
+            for _ in range(4):
+                result = sampler.step(ids, table[ids][:, -1])
+                ids = torch.cat([ids, result.tokens[:, None]], 1)
+        assert reads.count == 0, reads.ops
+    sampled = Sampler(thinking_options={"do_sample": True}, **TAGS)
+    with HostReads() as reads:
+        sampled.step(ids, table[ids][:, -1])
+    assert reads.ops["tolist"] == 1  # a sampled phase: the rows' phases read once, to split them
 
 
 def test_rows_change_phase_while_generating():
