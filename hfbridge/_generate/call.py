@@ -101,7 +101,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     host.validate_length(config, prompt_length, default_max_length)
 
     if thinking is not None:
-        check_phases(mode, strategy.name, config)
+        check_phases(mode, strategy.name, config, fast)
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
     per_row = check_rows_of_call(per_row, generator, batch=batch, expand=expand, strategy=strategy, config=config)
     sequences = input_ids.to(dtype=torch.long, copy=True)  # [B, T], our own copy
@@ -172,12 +172,15 @@ ONE_TOKEN_LOOP = {"greedy_search": Strategy(_LOOP, run=None, per_row=True),
                   "sample": Strategy(_LOOP, run=None, per_row=True)}
 
 
-def check_phases(mode: str, strategy: str, config: GenerationConfig) -> None:
+def check_phases(mode: str, strategy: str, config: GenerationConfig, fast: Any) -> None:
     """`thinking_options` runs in the one-token loop (greedy search and sampling), and keeps no fused scores."""
     if mode not in ONE_TOKEN_LOOP:
         raise ValueError(f"`thinking_options` works with greedy search and sampling, not with {strategy}: each "
                          "phase's sampler follows its own rows, which beams and drafts would move; drop "
                          "`thinking_options`, or decode without beams and assistants.")
+    if fast is True and config.return_dict_in_generate and config.output_scores:
+        raise ValueError("generate(): `output_scores=True` with `fast=True` and `thinking_options`: the fast path "
+                         "keeps no processed scores; pass fast=False.")
 
 
 def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:

@@ -46,7 +46,7 @@ from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.sampler_state import StepResult
 from hfbridge.processors.thinking_budget import span_open, tag_ids
 
-__all__ = ["PHASE_NAMES", "Phases", "check_thinking_options", "expand_thinking_options"]
+__all__ = ["PHASE_NAMES", "Phases", "check_thinking_options", "expand_thinking_options", "thinking_steps"]
 
 PHASE_NAMES = ("answer", "thinking")  # a row's phase, by the value of `span_open`
 
@@ -341,6 +341,27 @@ def _merged(into: torch.Tensor | None, index: torch.Tensor, part: torch.Tensor, 
     if into is None:
         into = torch.full((rows, *part.shape[1:]), fill, dtype=part.dtype, device=part.device)
     return into.index_copy_(0, index.to(part.device), part)
+
+
+def thinking_steps(ids: list[int], start: Any, end: Any, first: int, tokenizer: Any = None) -> list[bool]:
+    """For each token of `ids` from position `first` on: whether its row was thinking when it was chosen (the
+    tokens before it hold a start tag not closed after it); `start` / `end` as `thinking_start` / `thinking_end`.
+
+    >>> thinking_steps([1, 7, 3, 8, 9, 4], [7], [8, 9], first=2)
+    [True, True, True, False]
+    """
+    start_ids, end_ids = _tag("thinking_start", start, tokenizer), _tag("thinking_end", end, tokenizer)
+    flags = []
+    opened = closed = 0  # where the last start tag and the last end tag end
+    for position in range(len(ids)):
+        if position >= first:
+            flags.append(opened > closed)
+        length = position + 1
+        if ids[max(0, length - len(start_ids)):length] == start_ids:
+            opened = length
+        if ids[max(0, length - len(end_ids)):length] == end_ids:
+            closed = length
+    return flags
 
 
 def _thinking(prepare: Callable[[dict[str, Any]], GenerationConfig], base: dict[str, Any],

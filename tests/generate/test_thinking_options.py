@@ -261,3 +261,26 @@ def test_inputs_untouched_and_greedy_phases_agree_with_plain_greedy():
     got = sample_step(logits, PROMPTS, thinking_options={"do_sample": False}, **TAGS)
     assert torch.equal(got, logits.argmax(-1))
     assert torch.equal(logits, before) and torch.equal(PROMPTS, ids_before)
+
+
+def test_explain_generation_marks_each_steps_phase_and_its_scores_are_that_phases():
+    from hfbridge import explain_generation
+
+    table, seeds = _table(), [11, 12, 13]
+    base, thinking = CASES["greedy outside, sampled inside"]  # top_k=6 while thinking, nothing while answering
+    out = generate(lambda ids: table[ids], PROMPTS, max_new_tokens=STEPS, thinking_options=thinking,
+                   generator=[torch.Generator().manual_seed(seed) for seed in seeds], return_dict_in_generate=True,
+                   output_scores=True, **TAGS)
+    expected, phases = _hand_loop(table, PROMPTS, base, thinking, seeds)
+    assert torch.equal(out.sequences, expected)
+    for row in range(3):
+        trace = explain_generation(out, row=row, thinking_start=START, thinking_end=END)
+        assert [step.thinking for step in trace.steps] == phases[row]
+        assert [step.possible for step in trace.steps] == [6 if phase else V for phase in phases[row]]
+        assert ("(thinking)" in str(trace)) == any(phases[row])
+    assert explain_generation(out).steps[0].thinking is None
+    with pytest.raises(ValueError, match=r"^explain_generation\(\): pass both `thinking_start` and `thinking_end`"):
+        explain_generation(out, thinking_start=START)
+    with pytest.raises(ValueError, match=r"^generate\(\): `output_scores=True` with `fast=True` and "):
+        generate(_NeverCalled(), PROMPTS, max_new_tokens=2, thinking_options=thinking, fast=True,
+                 return_dict_in_generate=True, output_scores=True, **TAGS)
