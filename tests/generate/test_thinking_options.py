@@ -284,3 +284,16 @@ def test_explain_generation_marks_each_steps_phase_and_its_scores_are_that_phase
     with pytest.raises(ValueError, match=r"^generate\(\): `output_scores=True` with `fast=True` and "):
         generate(_NeverCalled(), PROMPTS, max_new_tokens=2, thinking_options=thinking, fast=True,
                  return_dict_in_generate=True, output_scores=True, **TAGS)
+
+
+def test_vllm_requests_refuse_thinking_options_by_name():
+    from types import SimpleNamespace
+
+    from hfbridge.vllm._options import check_request
+
+    params = SimpleNamespace(extra_args={"hfbridge": {"thinking_options": {"temperature": 1.0}}}, temperature=0.0,
+                             top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                             frequency_penalty=0.0)
+    with pytest.raises(ValueError, match=r"^`thinking_options` is not taken in vLLM: vLLM's processor runs one chain "
+                                         r"per request, not one per phase, yet.$"):
+        check_request(params)
