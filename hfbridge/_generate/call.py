@@ -43,7 +43,7 @@ from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.per_row import PerRowValues, split_per_row
-from hfbridge._step.phases import check_thinking_options, expand_thinking_options
+from hfbridge._step.phase_options import check_thinking_options, expand_thinking_options
 from hfbridge._step.sampler import Sampler
 
 

@@ -19,86 +19,27 @@ by unit in the order of their first rows, and in each unit the answering rows fi
 ones.
 
 >>> import torch
->>> phases = check_thinking_options({"temperature": 0.7, "top_k": 3})
->>> phases
-{'temperature': 0.7, 'top_k': 3}
->>> check_thinking_options({"temprature": 0.7})
-Traceback (most recent call last):
-...
-TypeError: `thinking_options` holds an unknown option `temprature`. Did you mean `temperature`?
+>>> from hfbridge._step.sampler import Sampler
+>>> sampler = Sampler(thinking_options={"temperature": 0.7}, thinking_start=[7], thinking_end=[8])
+>>> sampler.phased, [phase.do_sample for phase in sampler._phases.units[0].samplers]
+(True, [False, True])
 """
-
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._hf.host import generation_option_names
-from hfbridge._step.build_processors import step_option_names
-from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
-from hfbridge._step.option_checks import did_you_mean
 from hfbridge._step.option_table import per_row_options
-from hfbridge._step.per_row import PerRowValues, split_per_row
+from hfbridge._step.per_row import PerRowValues
+from hfbridge._step.phase_options import PHASE_NAMES, split_options, thinking_config, thinking_tag
 from hfbridge._step.sampler_state import StepResult
-from hfbridge.processors.thinking_budget import span_open, tag_ids
+from hfbridge.processors.thinking_budget import span_open
 
-__all__ = ["PHASE_NAMES", "Phases", "check_thinking_options", "expand_thinking_options", "thinking_steps"]
-
-PHASE_NAMES = ("answer", "thinking")  # a row's phase, by the value of `span_open`
-
-# Options of the whole call, the same in both phases: the tags that find the phase, the lengths, the special
-# tokens, and the options whose processors need more than the step (guidance's second sequence, watermarks).
-_CALL_OPTIONS = ("max_length", "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "guidance_scale",
-                 "watermarking_config")
-_TAGS = ("thinking_start", "thinking_end")
-
-
-def check_thinking_options(value: Any) -> dict[str, Any] | None:
-    """`thinking_options` checked by name (a mapping of step options); its values are checked when its
-    samplers are built (`Phases.build`). None stays None."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise TypeError("`thinking_options` must be a mapping of the options that differ while a row is "
-                        f"thinking (e.g. {{'temperature': 0.8}}), got {type(value).__name__}.")
-    accepted = step_option_names() | frozenset(COMMUNITY_OPTIONS) | {"do_sample"}
-    checked: dict[str, Any] = {}
-    for name, option in value.items():
-        if not isinstance(name, str):
-            raise TypeError(f"`thinking_options` keys must be option names (str), got {type(name).__name__} "
-                            f"{name!r}.")
-        if name == "thinking_options":
-            raise ValueError("`thinking_options` holds `thinking_options`: phases do not nest; pass the thinking "
-                             "phase's options directly in it.")
-        if name in _TAGS:
-            raise ValueError(f"`thinking_options` holds `{name}`, which finds the phase and so is the same in both: "
-                             "pass it beside `thinking_options`.")
-        if name in _CALL_OPTIONS or (name in generation_option_names() and name not in accepted):
-            raise ValueError(f"`thinking_options` holds `{name}`, an option of the whole call (the strategy, the "
-                             "lengths, the special tokens), which cannot differ by phase: pass it beside "
-                             "`thinking_options`.")
-        if name not in accepted:
-            raise TypeError(f"`thinking_options` holds an unknown option `{name}`."
-                            f"{did_you_mean(name, accepted)}")
-        checked[name] = option
-    return checked
-
-
-def expand_thinking_options(options: dict[str, Any] | None, prompts: int, expand: int) -> dict[str, Any] | None:
-    """`thinking_options` with its values per prompt repeated for each of a prompt's `expand` rows, as
-    `generate` expands `input_ids` (`num_return_sequences`)."""
-    if options is None:
-        return options
-    _, values = _split("thinking_options", options)
-    if values is None:
-        return options
-    _check_rows(values, prompts, "`input_ids` has")
-    return options if expand == 1 else {**options, **values.expanded(expand).values}
-
+__all__ = ["PHASE_NAMES", "Phases"]
 
 @dataclass
 class _Unit:
@@ -137,9 +78,9 @@ class Phases:
         `thinking` (checked by `check_thinking_options`). `prepare(options)` prepares the call's config again
         with `options` over the call's own (`do_sample` among them: the caller's when absent), as the
         caller's options updated with them would be; `make(config, generator)` builds a `Sampler`."""
-        start, end = (_tag(name, getattr(config, name, None) or default, tokenizer)
+        start, end = (thinking_tag(name, getattr(config, name, None) or default, tokenizer)
                       for name, default in (("thinking_start", "<think>"), ("thinking_end", "</think>")))
-        scalars, inside_rows = _split("thinking_options", thinking)
+        scalars, inside_rows = split_options("thinking_options", thinking)
         carried = {name: getattr(config, name) for name in per_row_options()
                    if isinstance(getattr(config, name, None), (list, tuple))}  # the community's, on the config
         counts = {len(values) for values in carried.values()}
@@ -150,8 +91,8 @@ class Phases:
             raise ValueError(f"`thinking_options`: the options' values per row, `thinking_options`' and the "
                              f"generators must have one per row, the same number of rows; got {sorted(counts)}.")
         if not counts:  # every row alike: one unit
-            return cls([_Unit(None, (make(config, generator), make(_thinking(prepare, {}, scalars), generator)))],
-                       start, end)
+            pair = (make(config, generator), make(thinking_config(prepare, {}, scalars), generator))
+            return cls([_Unit(None, pair)], start, end)
         rows = counts.pop()
         units: dict[tuple, _Unit] = {}
         for row in range(rows):
@@ -165,8 +106,8 @@ class Phases:
             unit = units.get(key)
             if unit is None:
                 answering = prepare(dict(base)) if base else config
-                thinking_config = _thinking(prepare, base, {**scalars, **inside}, row if inside else None)
-                units[key] = _Unit([row], (make(answering, own), make(thinking_config, own)))
+                inside_config = thinking_config(prepare, base, {**scalars, **inside}, row if inside else None)
+                units[key] = _Unit([row], (make(answering, own), make(inside_config, own)))
             else:
                 assert unit.rows is not None
                 unit.rows.append(row)
@@ -187,10 +128,7 @@ class Phases:
     def parts(self, input_ids: torch.Tensor) -> list[tuple[Any, list[int] | None, int]]:
         """`(sampler, its rows (None: every row), phase)` for this step, in the order they run: one host read."""
         rows = input_ids.shape[0]
-        expected = sum(len(unit.rows) for unit in self.units if unit.rows is not None)
-        if expected and rows != expected:
-            raise ValueError(f"`thinking_options`: the phases were built for {expected} rows (values or generators "
-                             f"per row), but the step has {rows} rows.")
+        self._check_count(rows)
         flags = [bool(flag) for flag in self.inside(input_ids).tolist()]  # the step's one added host read
         self.last = flags
         found: list[tuple[Any, list[int] | None, int]] = []
@@ -203,6 +141,12 @@ class Phases:
                     found.append((unit.samplers[phase], None if whole else picked, phase))
         return found
 
+    def _check_count(self, rows: int) -> None:
+        expected = sum(len(unit.rows) for unit in self.units if unit.rows is not None)
+        if expected and rows != expected:
+            raise ValueError(f"`thinking_options`: the phases were built for {expected} rows (values or generators "
+                             f"per row), but the step has {rows} rows.")
+
     # ---- the step, run part by part (the tokens, and the scores and flags where each part has them) ----
 
     def next_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, check: bool | None) -> torch.Tensor:
@@ -211,10 +155,12 @@ class Phases:
         invalid: torch.Tensor | None = None
         for sampler, picked, _ in self.parts(input_ids):
             if picked is None:
+                sampler.row_numbers = None
                 tokens, flag = sampler.next_tokens(input_ids, rows, check=check), _flag(sampler)
                 invalid = flag
                 continue
             index = torch.tensor(picked, dtype=torch.long, device=rows.device)
+            sampler.row_numbers = (rows.shape[0], index)
             part = sampler.next_tokens(input_ids.index_select(0, index), rows.index_select(0, index), check=check)
             tokens = _merged(tokens, index, part, rows.shape[0])
             flag = _flag(sampler)
@@ -237,10 +183,12 @@ class Phases:
         results = []
         for sampler, picked, _ in self.parts(input_ids):
             if picked is None:
+                sampler.row_numbers = None
                 result = sampler.step(input_ids, rows)
                 index = None
             else:
                 index = torch.tensor(picked, dtype=torch.long, device=rows.device)
+                sampler.row_numbers = (rows.shape[0], index)
                 result = sampler.step(input_ids.index_select(0, index), rows.index_select(0, index))
             results.append((index, result))
         count = rows.shape[0]
@@ -267,6 +215,7 @@ class Phases:
     def _step_on_device(self, input_ids: torch.Tensor, rows: torch.Tensor) -> StepResult:
         """Both (greedy) phases on each unit's rows, each row's token, scores and validity taken from its phase's
         with `torch.where`: no host read (`without_read`)."""
+        self._check_count(rows.shape[0])
         inside = self.inside(input_ids)  # [N] bool, on the device
         self.last = None
         count = rows.shape[0]
@@ -279,6 +228,8 @@ class Phases:
             ids, part = (input_ids, rows) if index is None else (input_ids.index_select(0, index),
                                                                  rows.index_select(0, index))
             flag = inside if index is None else inside.index_select(0, index)  # [n]
+            for sampler in unit.samplers:
+                sampler.row_numbers = None if index is None else (count, index)
             answering, thinking = (sampler.step(ids, part) for sampler in unit.samplers)
             chosen = torch.where(flag, thinking.tokens, answering.tokens)
             kept = torch.where(flag[:, None], thinking.scores, answering.scores)
@@ -322,6 +273,7 @@ class Phases:
         for sampler, picked, _ in self.parts(input_ids):
             members = list(range(count)) if picked is None else picked
             index = torch.tensor(members, dtype=torch.long, device=rows.device)
+            sampler.row_numbers = (count, index)
             outputs, part = sampler.explain(input_ids.index_select(0, index), rows.index_select(0, index))
             tokens = _merged(tokens, index, part, count)
             for local, row in enumerate(members):
@@ -341,56 +293,3 @@ def _merged(into: torch.Tensor | None, index: torch.Tensor, part: torch.Tensor, 
     if into is None:
         into = torch.full((rows, *part.shape[1:]), fill, dtype=part.dtype, device=part.device)
     return into.index_copy_(0, index.to(part.device), part)
-
-
-def thinking_steps(ids: list[int], start: Any, end: Any, first: int, tokenizer: Any = None) -> list[bool]:
-    """For each token of `ids` from position `first` on: whether its row was thinking when it was chosen (the
-    tokens before it hold a start tag not closed after it); `start` / `end` as `thinking_start` / `thinking_end`.
-
-    >>> thinking_steps([1, 7, 3, 8, 9, 4], [7], [8, 9], first=2)
-    [True, True, True, False]
-    """
-    start_ids, end_ids = _tag("thinking_start", start, tokenizer), _tag("thinking_end", end, tokenizer)
-    flags = []
-    opened = closed = 0  # where the last start tag and the last end tag end
-    for position in range(len(ids)):
-        if position >= first:
-            flags.append(opened > closed)
-        length = position + 1
-        if ids[max(0, length - len(start_ids)):length] == start_ids:
-            opened = length
-        if ids[max(0, length - len(end_ids)):length] == end_ids:
-            closed = length
-    return flags
-
-
-def _thinking(prepare: Callable[[dict[str, Any]], GenerationConfig], base: dict[str, Any],
-              inside: dict[str, Any], row: int | None = None) -> GenerationConfig:
-    """The thinking phase's config: the call's options with the row's values `base`, updated with `inside`."""
-    try:
-        return prepare({**base, **inside})
-    except (TypeError, ValueError) as error:
-        where = f" (row {row})" if row is not None else ""
-        raise type(error)(f"`thinking_options`{where}: {error}") from None
-
-
-def _tag(name: str, value: Any, tokenizer: Any) -> list[int]:
-    if isinstance(value, str) and tokenizer is None:
-        raise ValueError(f"`{name}` is a string ({value!r}): `thinking_options` finds the thinking phase by its "
-                         "tags, so pass `tokenizer=` to tokenize them, or give `thinking_start` and `thinking_end` "
-                         "as token ids (the default tags are the strings '<think>' and '</think>').")
-    return tag_ids(name, value, tokenizer)
-
-
-def _check_rows(values: PerRowValues, rows: int, what: str) -> None:
-    try:
-        values.check_rows(rows, what=what)
-    except ValueError as error:
-        raise ValueError(f"`thinking_options`: {error}") from None
-
-
-def _split(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], PerRowValues | None]:
-    try:
-        return split_per_row(options)
-    except (TypeError, ValueError) as error:
-        raise type(error)(f"`{name}`: {error}") from None

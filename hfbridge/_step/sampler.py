@@ -25,7 +25,8 @@ from hfbridge._step.option_table import per_row_options
 from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, fast_rows
-from hfbridge._step.phases import Phases, check_thinking_options
+from hfbridge._step.phase_options import check_thinking_options
+from hfbridge._step.phases import Phases
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.sampler_choice import StepChoice
 from hfbridge._step.sampler_rows import StepInputs

@@ -91,7 +91,14 @@ class StepChoice:
     def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
         """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""
         names = [processor_name(p) for p in self._processors]
+        numbers = getattr(self, "row_numbers", None)  # a phase's rows of a larger batch (`_step/phases.py`)
+        if numbers is not None:  # the error names the batch's rows: the others are spread in as valid zeros
+            total, index = numbers
+            bad, raw = _spread(bad, index, total), _spread(raw, index, total)
+            scores = None if scores is None else _spread(scores, index, total)
         raise invalid_rows_error(raw, scores, sampling=self.do_sample, processor_names=names, bad=bad)
+
+    row_numbers: tuple[int, torch.Tensor] | None = None  # (the batch's rows, (n,) this step's rows among them)
 
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy argmax, or HF's draw: `softmax` then `torch.multinomial(num_samples=1)`.
@@ -136,3 +143,8 @@ class StepChoice:
             valid = best > float("-inf")
         self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
 
+
+def _spread(part: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+    """`part` `(n, ...)` at the rows `index` of a `(rows, ...)` tensor of zeros (False)."""
+    whole = torch.zeros((rows, *part.shape[1:]), dtype=part.dtype, device=part.device)
+    return whole.index_copy_(0, index.to(part.device), part)

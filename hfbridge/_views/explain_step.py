@@ -13,7 +13,7 @@ import torch
 
 from hfbridge._step.guidance_processor import step_guidance
 from hfbridge._step.option_checks import check_tokenizer
-from hfbridge._step.phases import PHASE_NAMES
+from hfbridge._step.phase_options import PHASE_NAMES
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
 from hfbridge._step.sampler import Sampler

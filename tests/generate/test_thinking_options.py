@@ -297,3 +297,48 @@ def test_vllm_requests_refuse_thinking_options_by_name():
     with pytest.raises(ValueError, match=r"^`thinking_options` is not taken in vLLM: vLLM's processor runs one chain "
                                          r"per request, not one per phase, yet.$"):
         check_request(params)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("thinking", [{"do_sample": True}, {"do_sample": False}, {"top_k": 3}])
+def test_errors_name_the_batchs_row(thinking, fast):
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0))
+    logits[2, 3] = float("nan")  # row 2 is thinking: its phase's sampler sees it as its second row
+    with pytest.raises(ValueError, match=r"^`logits` contain NaN in row 2 \(1 of 3 rows have NaN\)"):
+        sample_step(logits, PROMPTS, thinking_options=thinking, fast=fast, **TAGS)
+
+
+def test_numpy_values_bad_types_and_the_callers_dict():
+    np = pytest.importorskip("numpy")
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(1))
+    thinking = {"do_sample": True, "temperature": np.float32(0.5), "top_k": np.array([2, 3, 4])}
+    kept = dict(thinking)
+    seeds = (1, 2, 3)
+    got = sample_step(logits, PROMPTS, thinking_options=thinking, **TAGS,
+                      generator=[torch.Generator().manual_seed(s) for s in seeds])
+    assert thinking.keys() == kept.keys() and all(thinking[k] is kept[k] for k in kept)  # untouched
+    for row, seed in enumerate(seeds):
+        options = {"do_sample": True, "temperature": 0.5, "top_k": int(thinking["top_k"][row])} \
+            if row != 1 else {}
+        assert got[row] == sample_step(logits[row:row + 1], PROMPTS[row:row + 1],
+                                       generator=torch.Generator().manual_seed(seed), **options)[0]
+    with pytest.raises(TypeError, match=r"^`thinking_options`: `do_sample` must be a bool \(True or False\), got str"):
+        Sampler(thinking_options={"do_sample": "yes"}, **TAGS)
+    with pytest.raises(TypeError, match=r"^`thinking_options` keys must be option names \(str\), got int 3.$"):
+        Sampler(thinking_options={3: 1.0}, **TAGS)
+    sampler = Sampler(thinking_options={"top_k": [2, 3]}, **TAGS)
+    with pytest.raises(ValueError, match=r"^`thinking_options`: the phases were built for 2 rows \(values or "
+                                         r"generators per row\), but the step has 3 rows.$"):
+        sampler(logits, PROMPTS)
+
+
+def test_an_empty_span_and_no_context():
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(2))
+    # no input_ids: no row is thinking; a prompt of the end tag alone: answering
+    assert torch.equal(sample_step(logits, thinking_options={"temperature": 0}, do_sample=True, top_k=1, **TAGS),
+                       logits.argmax(-1))
+    ids = torch.tensor([[7, 8, 9], [8, 9, 7]])  # row 0: opened and closed; row 1: open
+    trace = explain_step(logits, ids, row=1, thinking_options={"suppress_tokens": [int(logits[1].argmax())]},
+                         **TAGS)
+    assert trace.phase == "thinking" and trace.token != int(logits[1].argmax())
+    assert explain_step(logits, ids, row=0, thinking_options={"suppress_tokens": [0]}, **TAGS).phase == "answer"
