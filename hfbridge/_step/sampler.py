@@ -73,7 +73,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             not closed by a `thinking_end`; a prompt may open it): its step uses these options updated with
             `thinking_options`, e.g. `{"temperature": 0.9, "dry_multiplier": 0.8}`; outside, these options.
             The tags as for `thinking_budget` (strings with `tokenizer`, or token ids). See
-            `_step/phases.py` and docs/samplers.md. Default: none (one phase).
+            docs/samplers.md, "Phase-aware sampling". Default: none (one phase).
         **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor, and the
             options of `hfbridge.processors`' samplers (`dry_multiplier`, `top_n_sigma`, ...). The
             numeric ones of HF (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,

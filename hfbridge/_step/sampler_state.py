@@ -248,7 +248,7 @@ class SamplerState:
                        ) -> tuple[dict[int, list[tuple[Any, torch.Tensor]]], torch.Tensor, list[bool], dict[int, bool]]:
         """`explain` with `thinking_options`: each phase's sampler explains its rows; `(each row's
         [(processor, (vocab,) scores after it)], (rows,) tokens, each row's phase (True: thinking), each row's
-        do_sample)` (`_step/phases.Phases.explain`)."""
+        do_sample)`; `explain_step` shows one row of it."""
         if self._phases is None:
             raise ValueError("`explain_phases` needs a Sampler with `thinking_options`; call `explain`.")
         if rows.shape[-1] != self._vocab_checked:
