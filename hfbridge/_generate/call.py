@@ -43,6 +43,7 @@ from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.per_row import PerRowValues, split_per_row
+from hfbridge._step.phase_options import check_thinking_options, expand_thinking_options
 from hfbridge._step.sampler import Sampler
 
 
@@ -61,6 +62,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     kwargs, guidance = split_guidance(options.kwargs)
     kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
     kwargs, per_row = split_per_row(kwargs)  # one value per prompt (`_step/per_row.py`)
+    thinking = check_thinking_options(options.thinking_options)  # by name; values when its samplers are built
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
         streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=kwargs)
@@ -98,6 +100,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     default_max_length = has_default_max_length(config_options, generation_config)
     host.validate_length(config, prompt_length, default_max_length)
 
+    if thinking is not None:
+        check_phases(mode, strategy.name, config, fast)
     # 3. One row per returned sequence (per beam for beam search), as HF's `_expand_inputs_for_generation`.
     per_row = check_rows_of_call(per_row, generator, batch=batch, expand=expand, strategy=strategy, config=config)
     sequences = input_ids.to(dtype=torch.long, copy=True)  # [B, T], our own copy
@@ -129,11 +133,19 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                                     attention_mask=padding, fast=fast,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
                                     unconditional=unconditional, tokenizer=tokenizer,
-                                    per_row=per_row, vocab_from_tokenizer=not isinstance(adapter, HFModel))
+                                    per_row=per_row, vocab_from_tokenizer=not isinstance(adapter, HFModel),
+                                    thinking_options=expand_thinking_options(thinking, batch, expand),
+                                    prepare_phase=lambda more: make_generation_config(
+                                        generation_config, do_sample=more.pop("do_sample", do_sample),
+                                        prompt_length=prompt_length, accepted=generation_option_names(),
+                                        caller="generate", host=host, **{**config_options, **more}))
     # banned strings: only a strategy whose runner rolls rows back takes them, and not with guidance
     refused = (strategy.name if not strategy.rolls_back else "classifier-free guidance (guidance_scale)"
                if unconditional is not None else None)
     bans = make_bans(banned_options, tokenizer, strategy=refused)
+    if bans is not None and thinking is not None:
+        raise ValueError("`thinking_options` with `banned_strings` / `banned_regex` is not supported: a ban rolls "
+                         "rows back, which the phases' samplers do not follow yet; drop one of them.")
     banned = None
     if bans is not None:
         check_adapter(adapter)
@@ -158,6 +170,17 @@ _LOOP = "greedy search and sampling"
 # The one-token loop's own modes: the table of a call no runner runs (the draft of assisted decoding).
 ONE_TOKEN_LOOP = {"greedy_search": Strategy(_LOOP, run=None, per_row=True),
                   "sample": Strategy(_LOOP, run=None, per_row=True)}
+
+
+def check_phases(mode: str, strategy: str, config: GenerationConfig, fast: Any) -> None:
+    """`thinking_options` runs in the one-token loop (greedy search and sampling), and keeps no fused scores."""
+    if mode not in ONE_TOKEN_LOOP:
+        raise ValueError(f"`thinking_options` works with greedy search and sampling, not with {strategy}: each "
+                         "phase's sampler follows its own rows, which beams and drafts would move; drop "
+                         "`thinking_options`, or decode without beams and assistants.")
+    if fast is True and config.return_dict_in_generate and config.output_scores:
+        raise ValueError("generate(): `output_scores=True` with `fast=True` and `thinking_options`: the fast path "
+                         "keeps no processed scores; pass fast=False.")
 
 
 def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:

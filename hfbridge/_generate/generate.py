@@ -17,7 +17,7 @@ The keyword arguments travel down as one `GenerateOptions` (`options.py`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
 import torch
@@ -60,6 +60,7 @@ def generate(
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     check_every: int = 1,
     synced_gpus: bool | None = None,
+    thinking_options: Mapping[str, Any] | None = None,
     return_dict_in_generate: Literal[False] = False,
     **kwargs: Any,
 ) -> torch.Tensor: ...
@@ -86,6 +87,7 @@ def generate(
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     check_every: int = 1,
     synced_gpus: bool | None = None,
+    thinking_options: Mapping[str, Any] | None = None,
     return_dict_in_generate: Literal[True],
     **kwargs: Any,
 ) -> GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
@@ -112,6 +114,7 @@ def generate(
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     check_every: int = 1,
     synced_gpus: bool | None = None,
+    thinking_options: Mapping[str, Any] | None = None,
     return_dict_in_generate: bool | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput: ...
@@ -137,6 +140,7 @@ def generate(
     assistant_model: Callable[..., Any] | ModelAdapter | None = None,
     check_every: int = 1,
     synced_gpus: bool | None = None,
+    thinking_options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput | GenerateBeamDecoderOnlyOutput:
     """Generate tokens with any model, with the decoding loop of HF's `model.generate()`.
@@ -201,6 +205,12 @@ def generate(
             its model until every rank is finished (greedy search, sampling and beam search).
             Default None: HF's rule, on when ZeRO-3 is enabled or the model is FSDP-managed and the
             process group has more than one rank.
+        thinking_options: The options that differ while a row is thinking (its last `thinking_start` not
+            closed by a `thinking_end`; the prompt may open it), e.g. `{"temperature": 0.9, "top_p": 0.95}`:
+            a thinking row's step uses the call's options updated with these. The tags as for
+            `thinking_budget` (`thinking_start` / `thinking_end`: strings with `tokenizer=`, or token ids);
+            the budget's forced end closes the span too. Greedy search and sampling (see docs/samplers.md,
+            "Phase-aware sampling"). Default: None (the same options throughout).
         **kwargs: `GenerationConfig` options (`max_new_tokens`, `do_sample`, `temperature`,
             `top_p`, `repetition_penalty`, `eos_token_id`, `min_new_tokens`, `stop_strings`,
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
@@ -256,7 +266,7 @@ def generate(
         stopping_criteria=stopping_criteria, streamer=streamer, tokenizer=tokenizer, layout=layout,
         vocab_size=vocab_size, generator=generator, progress=progress, fast=fast, max_context=max_context,
         prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, assistant_model=assistant_model,
-        check_every=check_every, synced_gpus=synced_gpus, kwargs=kwargs)
+        check_every=check_every, synced_gpus=synced_gpus, thinking_options=thinking_options, kwargs=kwargs)
     with torch.no_grad():  # as HF's generate: no autograd graph grows over the steps
         return _generate(model, input_ids, options)
 

@@ -250,6 +250,9 @@ def _choose(sampler: Sampler, call: _Call, view: torch.Tensor, step: int, route:
             scores = None  # the fused path makes the copies it needs
     result = sampler.step(call.sequences, view, scores=scores, route=route, greedy=greedy, at=step)
     if call.scores is not None:
+        if result.scores is None:  # the fast path in a phase of `thinking_options`
+            raise ValueError("generate(): `output_scores=True` with `fast=True` and `thinking_options`: the fast path "
+                             "keeps no processed scores; pass fast=False.")
         call.scores += (result.scores,)
     if result.invalid is not None:
         finished.note_invalid(step, result.invalid, result.explain if explain_now else None)

@@ -46,6 +46,7 @@ class GenerateOptions:
     assistant_model: Any = None
     check_every: Any = 1
     synced_gpus: Any = None
+    thinking_options: Any = None
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # GenerationConfig options, model inputs
 
 

@@ -9,7 +9,8 @@ samplers built and placed from their rows), `sampler_order` (llama.cpp's `--samp
 `cpu_shortcuts` (CPU/accelerator choices), `caller_inputs` (the logits inside
 a model output), `sampler_rows` (a `Sampler` step's first stages: checked rows), `sampler_choice` (its last:
 the token chosen, the rows with nothing to choose explained), `guidance_processor`
-(`guidance_scale=`'s processor), `fast/` (the fused, sort-free path).
+(`guidance_scale=`'s processor), `phases` / `phase_options` (`thinking_options=`: a sampler per phase),
+`fast/` (the fused, sort-free path).
 Imports: `hfbridge._hf`, `hfbridge.processors`, torch, transformers; never `_models`, `_generate`, `_views`.
 
 >>> import torch

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,6 +42,7 @@ def sample_step(
     prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
     unconditional_logits: Any = None,
     tokenizer: Any = None,
+    thinking_options: Mapping[str, Any] | None = None,
     **generation_kwargs: Any,
 ) -> torch.Tensor:
     """The next tokens for `logits`, as HF's `generate` would choose them with these options.
@@ -61,6 +62,8 @@ def sample_step(
             of SynthID Text keeps state from step to step: use a `Sampler` for it.
         tokenizer: For DRY's string sequence breakers; without `vocab_size`, the logits' columns
             from its size on are padding and dropped (see `Sampler`).
+        thinking_options: The options that differ for the rows inside a thinking span (see `Sampler`):
+            each row's token is the one this call gives it with the options of its phase.
         **generation_kwargs: HF's `GenerationConfig` options that make logits processors
             (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`, `eta_cutoff`,
             `top_h`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`,
@@ -94,8 +97,10 @@ def sample_step(
         options["tokenizer"] = tokenizer
     # XTC draws from the generator: a cached Sampler's processors hold none, so build one for it
     own_generator = generator is not None and generation_kwargs.get("xtc_probability") is not None
+    if thinking_options is not None:
+        options["thinking_options"] = thinking_options  # its phases' samplers hold the generator: built each call
     if generation_config is None and processors is None and attention_mask is None and tokenizer is None \
-            and not own_generator:
+            and not own_generator and thinking_options is None:
         logits = extract_logits(logits)
         sampler = _reusable_sampler(logits, options)
         if sampler is not None:

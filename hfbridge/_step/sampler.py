@@ -9,7 +9,7 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
@@ -26,6 +26,8 @@ from hfbridge._step.option_table import per_row_options
 from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators, fast_rows
+from hfbridge._step.phase_options import check_thinking_options
+from hfbridge._step.phases import Phases
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.route import Route, decide_route
 from hfbridge._step.sampler_choice import StepChoice
@@ -70,6 +72,11 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             calls itself; `sample_step` takes the step's `unconditional_logits=`.
         tokenizer: For DRY's string sequence breakers (`dry_sequence_breakers`, whose default is strings);
             without `vocab_size`, the logits' columns from its size on are padding and dropped.
+        thinking_options: The options that differ while a row is thinking (its last `thinking_start` tag
+            not closed by a `thinking_end`; a prompt may open it): its step uses these options updated with
+            `thinking_options`, e.g. `{"temperature": 0.9, "dry_multiplier": 0.8}`; outside, these options.
+            The tags as for `thinking_budget` (strings with `tokenizer`, or token ids). See
+            docs/samplers.md, "Phase-aware sampling". Default: none (one phase).
         **generation_kwargs: Any `GenerationConfig` option that becomes a logits processor, and the
             options of `hfbridge.processors`' samplers (`dry_multiplier`, `top_n_sigma`, ...). The
             numeric ones of HF (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
@@ -99,8 +106,10 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
         unconditional: Callable[[torch.Tensor], Any] | None = None,
         tokenizer: Any = None,
+        thinking_options: Mapping[str, Any] | None = None,
         **generation_kwargs: Any,
     ):
+        thinking = check_thinking_options(thinking_options)  # by name, before any work
         for name in per_row_options():  # one value per row in a passed config rides the same per-row groups
             value = getattr(generation_config, name, None) if generation_config is not None else None
             if name not in generation_kwargs and (isinstance(value, (list, tuple)) or bool(getattr(value, "ndim", 0))):
@@ -113,7 +122,10 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
-                    tokenizer=tokenizer, per_row=per_row)
+                    tokenizer=tokenizer, per_row=per_row, thinking_options=thinking,
+                    prepare_phase=lambda options: make_generation_config(
+                        generation_config, do_sample=options.pop("do_sample", do_sample), prompt_length=prompt_length,
+                        **{**generation_kwargs, **options}))
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -132,7 +144,8 @@ class Sampler(StepChoice, SamplerState, StepInputs):
                fast: bool = False, prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
                unconditional: Callable[[torch.Tensor], Any] | None = None,
                tokenizer: Any = None, per_row: PerRowValues | None = None,
-               vocab_from_tokenizer: bool = True) -> None:
+               vocab_from_tokenizer: bool = True, thinking_options: dict[str, Any] | None = None,
+               prepare_phase: Callable[[dict[str, Any]], GenerationConfig] | None = None) -> None:
         if vocab_size is not None and (
             not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
         ):
@@ -172,6 +185,27 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
         self._batch_rows = 1  # the rows of the last step (`rollback` with one length for every row)
+        self._phases: Phases | None = None  # `thinking_options`: a sampler per phase (`_step/phases.py`)
+        if thinking_options is not None:
+            if prepare_phase is None:
+                raise ValueError("`thinking_options` needs `prepare_phase` (how the call's options are prepared).")
+            self._phases = self._phased(config, per_row, thinking_options, prepare_phase)
+
+    def _phased(self, config: GenerationConfig, per_row: PerRowValues | None, thinking: dict[str, Any],
+                prepare: Callable[[dict[str, Any]], GenerationConfig]) -> Phases:
+        for name, value in (("processors", self._user_processors), ("unconditional", self._unconditional),
+                            ("prefix_allowed_tokens_fn", self._prefix_allowed_tokens_fn)):
+            if value:
+                raise ValueError(f"`thinking_options` with `{name}=` is not supported: each phase runs its own rows "
+                                 f"apart, which `{name}` does not expect; drop one of them.")
+
+        def make(phase_config: GenerationConfig, generator: Any) -> Sampler:
+            return Sampler.from_prepared(phase_config, generator=generator, prompt_length=self.prompt_length,
+                                         fast=self.fast, tokenizer=self._tokenizer, vocab_from_tokenizer=False)
+
+        phases = Phases.build(config, per_row, thinking, self.generator, self._tokenizer, prepare, make)
+        self.do_sample = any(sampler.do_sample for sampler in phases.samplers())
+        return phases
 
     def with_generator(self, generator: Generators) -> Sampler:
         """A copy of this sampler drawing from `generator` (one, or one per row); the processors are shared.
@@ -180,6 +214,9 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         >>> sampler.with_generator(torch.Generator().manual_seed(0)).generator is not None
         True
         """
+        if self._phases is not None:
+            raise ValueError("`with_generator` cannot give a new generator to a Sampler with `thinking_options` "
+                             "(its phases' samplers hold theirs): build a new Sampler with `generator=`.")
         copied = copy.copy(self)
         copied._setup_generator(generator)
         copied._rows = copy.copy(self._rows)
@@ -212,11 +249,19 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         return processors
 
     @property
+    def phased(self) -> bool:
+        """Whether rows take other options while thinking (`thinking_options`)."""
+        return self._phases is not None
+
+    @property
     def processors(self) -> LogitsProcessorList:
         """The `LogitsProcessorList` each step runs (HF's classes, HF's order)."""
         return self._processors
 
     def __repr__(self) -> str:
+        if self._phases is not None:
+            answering, thinking = self._phases.units[0].samplers
+            return f"Sampler(answer: {answering!r}, thinking: {thinking!r})"
         names = ", ".join(type(p).__name__ if not hasattr(p, "__name__") else p.__name__ for p in self._processors)
         mode = "sample" if self.do_sample else "greedy"
         return f"Sampler({mode}{', fast' if self.fast else ''}; [{names}])"
@@ -250,6 +295,9 @@ class Sampler(StepChoice, SamplerState, StepInputs):
                 that could not be sampled (`check_rows`). Default None: at once on CPU (free);
                 on an accelerator, not here: call `check_rows()` where you read the device anyway.
         """
+        if self._phases is not None:  # each row's phase, its own sampler (`_step/phases.py`)
+            self._checked_processors(rows)
+            return self._phases.next_tokens(input_ids, rows, check)
         result = self.step(input_ids, rows, defer=False)
         if result.explain is not None and (check or (check is None and rows.device.type == "cpu")):
             self.check_rows()
@@ -276,12 +324,10 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         >>> result.tokens.tolist(), result.invalid
         ([1], None)
         """
-        vocab, batch = rows.shape[-1], rows.shape[0]
-        if vocab != self._vocab_checked:
-            self._check_vocab(vocab)
-        processors = self._processors_on(rows.device)
-        self._check_rows_per_row(batch)
-        self._batch_rows = batch
+        processors = self._checked_processors(rows)
+        if self._phases is not None:  # each row's phase, its own sampler's step (`_step/phases.py`)
+            phases = self._phases
+            return at_step(at, lambda: phases.step(input_ids, rows))
         if route is None:
             route = self.route(keep_scores=scores is not None)
         if route is Route.ARGMAX:  # HF's argmax straight off the logits: no copy, nothing to process
@@ -306,6 +352,17 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             return StepResult(at_step(at, lambda: self.choose(processed, raw=rows)), scores, None, None)
         tokens, best = greedy(scores)  # [N], [N]
         return self._greedy_result(tokens, best, rows, scores, defer)
+
+    def _checked_processors(self, rows: torch.Tensor) -> LogitsProcessorList:
+        """The chain on the rows' device, the token options checked against their vocabulary, their count
+        against per-row values and generators."""
+        vocab, batch = rows.shape[-1], rows.shape[0]
+        if vocab != self._vocab_checked:
+            self._check_vocab(vocab)
+        processors = self._processors_on(rows.device)
+        self._check_rows_per_row(batch)
+        self._batch_rows = batch
+        return processors
 
     def _greedy_result(self, tokens: torch.Tensor, best: torch.Tensor, rows: torch.Tensor,
                        scores: torch.Tensor | None, defer: bool) -> StepResult:
@@ -384,6 +441,9 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             self._check_vocab(scores.shape[-1])
         self._check_rows_per_row(scores.shape[0])
         self._batch_rows = scores.shape[0]
+        if self._phases is not None:
+            raise ValueError("a Sampler with `thinking_options` chooses each row with its phase's processors: "
+                             "call `step` or `next_tokens`, not `process`.")
         return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
     def _check_vocab(self, vocab: int) -> None:

@@ -27,6 +27,7 @@ class StepChoice:
     _processors: Any
     _rows: Any
     _plan: Any
+    _phases: Any
     _fast_valid: Any
     _last_fast: Any
     generator: Any
@@ -62,6 +63,8 @@ class StepChoice:
     def invalid_rows(self) -> torch.Tensor | None:
         """`(rows,)` bool on the logits' device: True for each row the last fast `next_tokens` call
         could not sample (see `check_rows`); None before such a call. Reading it makes no host read."""
+        if self._phases is not None:
+            return getattr(self._phases, "invalid", None)  # the phases' fast samplers' flags, merged
         valid = self._fast_valid
         if isinstance(valid, bool):  # one CPU row whose draw knew the answer: no tensor made until asked
             return torch.tensor([not valid])
@@ -86,6 +89,9 @@ class StepChoice:
             ValueError: exact mode's error for the first invalid row (NaN logits, NaN or `+inf`
                 after the processors, or every token removed), naming the row.
         """
+        if self._phases is not None:
+            self._phases.check_rows(invalid)
+            return
         last, self._last_fast = self._last_fast, None
         if last is None:
             return
@@ -101,7 +107,14 @@ class StepChoice:
     def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
         """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""
         names = [processor_name(p) for p in self._processors]
+        numbers = getattr(self, "row_numbers", None)  # a phase's rows of a larger batch (`_step/phases.py`)
+        if numbers is not None:  # the error names the batch's rows: the others are spread in as valid zeros
+            total, index = numbers
+            bad, raw = _spread(bad, index, total), _spread(raw, index, total)
+            scores = None if scores is None else _spread(scores, index, total)
         raise invalid_rows_error(raw, scores, sampling=self.do_sample, processor_names=names, bad=bad)
+
+    row_numbers: tuple[int, torch.Tensor] | None = None  # (the batch's rows, (n,) this step's rows among them)
 
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
         """HF's draw: `softmax` then `torch.multinomial(num_samples=1)` (per-row groups: each group's own, a
@@ -142,3 +155,8 @@ class StepChoice:
             valid = best > float("-inf")
         self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
 
+
+def _spread(part: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+    """`part` `(n, ...)` at the rows `index` of a `(rows, ...)` tensor of zeros (False)."""
+    whole = torch.zeros((rows, *part.shape[1:]), dtype=part.dtype, device=part.device)
+    return whole.index_copy_(0, index.to(part.device), part)

@@ -30,7 +30,7 @@ from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.route import Route
 from hfbridge.processors._stateful import is_stateful
 
-__all__ = ["SamplerState", "StepResult", "first_warper", "replayed"]
+__all__ = ["SamplerState", "StepResult", "first_warper", "invalid_flags", "replayed"]
 
 
 @dataclasses.dataclass
@@ -52,12 +52,19 @@ class StepResult:
     explain: Callable[[], None] | None
 
 
+def invalid_flags(invalid: torch.Tensor) -> torch.Tensor:
+    """`StepResult.invalid` as `(rows,)` bool, True for a row with nothing to choose (a greedy step's best
+    scores: NaN or -inf)."""
+    return invalid if invalid.dtype == torch.bool else ~(invalid > float("-inf"))
+
+
 class SamplerState:
     """The stateful protocol and `explain`; `Sampler` provides the attributes and stages declared here."""
 
     _processors: Any
     _rows: Any
     _plan: Any
+    _phases: Any  # `_step/phases.Phases` with `thinking_options`, else None
     _batch_rows: int
     _head_length: int
     _fast_valid: Any
@@ -111,6 +118,8 @@ class SamplerState:
     def _stateful(self) -> list[tuple[Any, torch.Tensor | None]]:
         """`(processor, its rows or None for the whole batch)` for each processor that keeps state per row."""
         found: list[tuple[Any, torch.Tensor | None]] = []
+        if self._phases is not None:  # the phases' samplers' (the wrapper's own list never runs)
+            return [item for sampler in self._phases.samplers() for item in sampler._stateful()]
         for processor in self._processors:
             if is_stateful(processor):
                 found.append((processor, None))
@@ -137,15 +146,23 @@ class SamplerState:
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Row `i` now continues what row `beam_idx[i]` was (HF's beam reorder), for every stateful processor."""
+        self._refuse_phases("reorder")
         for processor, index in self._stateful():
             processor.reorder(beam_idx if index is None else _local(beam_idx, index))
 
     def rollback(self, lengths: Any) -> None:
         """Each row now has `lengths[i]` tokens (an int: every row): its state goes back to that point."""
+        self._refuse_phases("rollback")
         if not isinstance(lengths, torch.Tensor):
             lengths = torch.full((self._batch_rows,), int(lengths), dtype=torch.long)
         for processor, index in self._stateful():
             processor.rollback(lengths if index is None else lengths.index_select(0, index.to(lengths.device)))
+
+    def _refuse_phases(self, what: str) -> None:
+        if self._phases is not None:
+            raise ValueError(f"`{what}` is not supported with `thinking_options`: each phase's sampler follows "
+                             "its own rows, which beams and rolled-back rows would move; drop `thinking_options`, "
+                             "or decode without beams, drafts and banned strings.")
 
     def explain(self, input_ids: torch.Tensor, rows: torch.Tensor
                 ) -> tuple[list[tuple[Any, torch.Tensor]], torch.Tensor]:
@@ -161,6 +178,9 @@ class SamplerState:
         >>> [type(p).__name__ for p, _ in trace], tokens.tolist()
         (['TopKLogitsWarper'], [1])
         """
+        if self._phases is not None:
+            raise ValueError("a Sampler with `thinking_options` runs other processors per phase: call "
+                             "`explain_phases` (explain_step does).")
         if rows.shape[-1] != self._vocab_checked:
             self._check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
@@ -208,6 +228,18 @@ class SamplerState:
         tokens, best = greedy_choice(scores)  # [N], [N]
         self._check_best(best, scores, rows)
         return tokens
+
+    def explain_phases(self, input_ids: torch.Tensor, rows: torch.Tensor
+                       ) -> tuple[dict[int, list[tuple[Any, torch.Tensor]]], torch.Tensor, list[bool], dict[int, bool]]:
+        """`explain` with `thinking_options`: each phase's sampler explains its rows; `(each row's
+        [(processor, (vocab,) scores after it)], (rows,) tokens, each row's phase (True: thinking), each row's
+        do_sample)`; `explain_step` shows one row of it."""
+        if self._phases is None:
+            raise ValueError("`explain_phases` needs a Sampler with `thinking_options`; call `explain`.")
+        if rows.shape[-1] != self._vocab_checked:
+            self._check_vocab(rows.shape[-1])
+        self._check_rows_per_row(rows.shape[0])
+        return self._phases.explain(input_ids, rows)
 
     def _check_coins_replayable(self, processors: Any, rows: torch.Tensor) -> None:
         """Refuse what `explain` cannot record exactly: XTC's coins drawn group by group in the fast step.

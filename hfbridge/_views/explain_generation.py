@@ -19,6 +19,7 @@ from hfbridge._generate.output import read_output, score_rows, stacked_rows
 from hfbridge._generate.output import token_ids as _token_ids
 from hfbridge._step.option_checks import check_tokenizer
 from hfbridge._step.padded_vocab import check_drawn_ids
+from hfbridge._step.phase_options import thinking_steps
 from hfbridge._views import trace_html as _trace_html
 from hfbridge._views import trace_view as _trace_view
 from hfbridge._views.generation_record import Alternative, GenerationRecord, TokenStep
@@ -94,6 +95,8 @@ def explain_generation(
     top: int = 5,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
+    thinking_start: Any = None,
+    thinking_end: Any = None,
 ) -> GenerationTrace:
     """Trace one row of a generation token by token: how likely each token was, what else was.
 
@@ -110,6 +113,10 @@ def explain_generation(
             the tokenizer's ``eos_token_id``.
         pad_token_id: The filler of rows finished without eos (stop strings): a run of it at the
             end of the row is marked as padding. Default: the tokenizer's ``pad_token_id``.
+        thinking_start: With ``thinking_end``: the thinking tags (strings with ``tokenizer``, or token ids), to
+            mark each step's phase (``TokenStep.thinking``, "(thinking)" in the text), as ``thinking_options``
+            chose it. Default: ``None`` (no phases).
+        thinking_end: See ``thinking_start``.
 
     Returns:
         A `GenerationTrace`.
@@ -170,6 +177,12 @@ def explain_generation(
     stats = _distribution(processed, chosen, top)
     model_stats = _distribution(model, chosen, top) if model is not None else None
     texts = _step_texts(tokenizer, ids, cut, padding)
+    thinking: list[bool | None] = [None] * length
+    if thinking_start is not None or thinking_end is not None:
+        if thinking_start is None or thinking_end is None:
+            raise ValueError("explain_generation(): pass both `thinking_start` and `thinking_end` (the tags that "
+                             "open and close a thinking span), or neither.")
+        thinking = list(thinking_steps(ids, thinking_start, thinking_end, cut, tokenizer))
     steps = []
     for t in range(length):
         alternatives = [
@@ -195,6 +208,7 @@ def explain_generation(
             model_entropy=None if model_stats is None else float(model_stats.entropy[t]),
             padding=padding[t],
             beam=sources[t] if beam_indices is not None and not padding[t] else None,
+            thinking=thinking[t],
         ))
     return GenerationTrace(steps=steps, prompt_ids=ids[:cut], row=row, rows=n_rows, beams=beam_indices is not None,
                            has_model=model is not None, tokenizer=tokenizer)

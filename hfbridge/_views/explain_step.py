@@ -13,6 +13,7 @@ import torch
 
 from hfbridge._step.guidance_processor import step_guidance
 from hfbridge._step.option_checks import check_tokenizer
+from hfbridge._step.phase_options import PHASE_NAMES
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
 from hfbridge._step.sampler import Sampler
@@ -35,6 +36,7 @@ class StepTrace(StepRecord):
         batch_rows: How many rows the step had.
         do_sample: Whether the token was drawn (``True``) or taken by argmax (``False``).
         tokenizer: Used only to show tokens as text. Default: ``None`` (ids are shown).
+        phase: With ``thinking_options``: the row's phase, ``"thinking"`` or ``"answer"``; else ``None``.
     """
 
     def _repr_html_(self) -> str:
@@ -127,18 +129,26 @@ def explain_step(
     n_rows = rows.shape[0]
     if not 0 <= row < n_rows:
         raise ValueError(f"row: got {row}, expected 0 <= row < {n_rows} (the step has {n_rows} row(s))")
-    outputs, tokens = sampler.explain(ids, view)  # the step's own token, for the same options and seed
+    phase = None
+    do_sample = bool(sampler.do_sample)
+    if sampler.phased:  # `thinking_options`: the row's own phase, its own processors
+        traces, tokens, phases, samples = sampler.explain_phases(ids, view)
+        trace, phase, do_sample = traces[row], PHASE_NAMES[phases[row]], samples[row]
+    else:
+        outputs, tokens = sampler.explain(ids, view)  # the step's own token, for the same options and seed
+        trace = [(processor, scores[row]) for processor, scores in outputs]
     stages = [_stage("input", {}, rows[row], top, None)]
-    for processor, scores in outputs:
-        stages.append(_stage(_processor_name(processor), _processor_params(processor), scores[row], top,
+    for processor, scores in trace:
+        stages.append(_stage(_processor_name(processor), _processor_params(processor), scores, top,
                              stages[-1].scores))
     return StepTrace(
         stages=stages,
         token=int(tokens[row]),
         row=row,
         batch_rows=n_rows,
-        do_sample=bool(sampler.do_sample),
+        do_sample=do_sample,
         tokenizer=tokenizer,
+        phase=phase,
     )
 
 

@@ -84,6 +84,7 @@ class StepRecord:
         batch_rows: How many rows the step had.
         do_sample: Whether the token was drawn (``True``) or taken by argmax (``False``).
         tokenizer: Used only to show tokens as text. Default: ``None`` (ids are shown).
+        phase: With ``thinking_options``: the row's phase, ``"thinking"`` or ``"answer"``; else ``None``.
     """
 
     stages: list[Stage]
@@ -92,6 +93,7 @@ class StepRecord:
     batch_rows: int
     do_sample: bool
     tokenizer: Any = field(default=None, repr=False, compare=False)
+    phase: str | None = None  # with `thinking_options`: "thinking" or "answer"
 
     @property
     def token_text(self) -> str | None:
@@ -122,7 +124,9 @@ class StepRecord:
         token = f"token {self.token}" + (f" {self.token_label(self.token)}" if self.tokenizer is not None else "")
         p = self.stages[-1].probs()[self.token].item()
         processors = len(self.stages) - 1
-        return f"row {self.row} of {self.batch_rows}: {token} {how}, p={p:.3f} after {processors} processor(s)"
+        phase = f" ({self.phase})" if self.phase is not None else ""
+        return (f"row {self.row} of {self.batch_rows}{phase}: {token} {how}, p={p:.3f} after {processors} "
+                "processor(s)")
 
     def __str__(self) -> str:
         lines = [f"explain_step: {self.summary()}"]

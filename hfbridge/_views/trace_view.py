@@ -66,6 +66,7 @@ def text_table(trace: GenerationRecord) -> str:
         others = ", ".join(f"{_clip(trace.token_label(a.token), 12)} {a.prob:.2f}" for a in step.alternatives
                            if a.token != step.token)
         note = "  (padding: the row had finished)" if step.padding else ""
+        note += "  (thinking)" if step.thinking else ""
         lines.append(f"{step.step:>4}  {label:<{width}}  {step.prob:5.3f}{model}  {step.rank:>4}  {step.possible:>5}  "
                      f"{step.entropy:5.2f}  {others}{note}")
     return "\n".join(lines)

@@ -51,7 +51,7 @@ from hfbridge.processors._host import host_path
 from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam, described
 
-__all__ = ["ThinkingBudgetLogitsProcessor"]
+__all__ = ["ThinkingBudgetLogitsProcessor", "span_open", "tag_ids"]
 
 IDLE, COUNTING, WAITING, FORCING, DONE = range(5)  # the phases; a state row is (phase, remaining, start, end, forced)
 
@@ -61,7 +61,9 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
 
     Args:
         budget: Thinking tokens allowed per span (int >= 0). One value, or one per row.
-        start_ids: The start tag: token ids, or a string (needs `tokenizer`). E.g. "<think>".
+        start_ids: The start tag: token ids, or a string (needs `tokenizer`). E.g. "<think>". A string
+            that is one entry of the tokenizer's vocabulary is that token, as `convert_tokens_to_ids` finds
+            it; another is encoded; one that encodes to the unknown token is refused.
         end_ids: The end tag, likewise. E.g. "</think>".
         message_ids: Forced before the end tag when the budget runs out (ids or a string). Default: none.
         tokenizer: A transformers tokenizer: tokenizes string tags and tells tokens that end inside a
@@ -139,7 +141,7 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
 
     def _arm(self, ids: torch.Tensor, budget: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """`(rows, 5)` the state of rows whose `ids` are a prompt: counting if its last start tag is open."""
-        inside = _last_end(ids, start) > _last_end(ids, end)  # [B]
+        inside = span_open(ids, start, end)  # [B]
         phase = torch.where(inside, torch.where(budget <= 0, FORCING, COUNTING), IDLE)
         zeros = torch.zeros_like(budget)
         return torch.stack([phase, budget, zeros, zeros, zeros], dim=-1)
@@ -221,6 +223,27 @@ def _last_end(ids: torch.Tensor, tag: torch.Tensor) -> torch.Tensor:
     return torch.where(hits, ends, 0).amax(-1)
 
 
+def span_open(ids: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """`(rows,)` bool: each row of `ids` `(rows, seq)` is inside a thinking span, its last start tag
+    (`start`, `(k,)` ids) not closed by an end tag (`end`) after it; on the device, no host read.
+
+    >>> span_open(torch.tensor([[1, 7, 3], [7, 8, 9]]), torch.tensor([7]), torch.tensor([8, 9])).tolist()
+    [True, False]
+    """
+    return _last_end(ids, start) > _last_end(ids, end)
+
+
+def tag_ids(name: str, value: Any, tokenizer: Any) -> list[int]:
+    """A thinking tag's token ids: a list / 1-D tensor of ids, or a string tokenized by `tokenizer` as the
+    budget finds its tags (a vocabulary entry as `convert_tokens_to_ids` finds it, else `encode`); errors
+    name the option `name`.
+
+    >>> tag_ids("thinking_start", [7], None)
+    [7]
+    """
+    return _ids(name, value, tokenizer)
+
+
 def _ids(name: str, value: Any, tokenizer: Any, *, empty: bool = False) -> list[int]:
     """Token ids from a list / 1-D tensor of ints, or a string tokenized by `tokenizer`."""
     if isinstance(value, str):
@@ -231,14 +254,7 @@ def _ids(name: str, value: Any, tokenizer: Any, *, empty: bool = False) -> list[
             if empty:
                 return []
             raise ValueError(f"`{name}` is an empty string.")
-        try:
-            ids = list(tokenizer.encode(value, add_special_tokens=False))
-        except Exception as error:  # anything a tokenizer-like object raises
-            raise TypeError(f"`tokenizer` must be a transformers tokenizer (encode), got "
-                            f"{type(tokenizer).__name__}: {error}") from None
-        if not ids:
-            raise ValueError(f"`{name}` {value!r} tokenizes to no tokens.")
-        return [int(token) for token in ids]
+        return _tokenized(name, value, tokenizer, tag=not empty)
     if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
             ("int", "uint")):
         value = value.tolist()  # a tensor or numpy array of ids, read once at construction
@@ -248,6 +264,31 @@ def _ids(name: str, value: Any, tokenizer: Any, *, empty: bool = False) -> list[
     if not value and not empty:
         raise ValueError(f"`{name}` is empty: give at least one token id.")
     return [int(token) for token in value]
+
+
+def _tokenized(name: str, value: str, tokenizer: Any, *, tag: bool) -> list[int]:
+    """A string's token ids, found as transformers finds a special token: a tag that is one entry of the
+    vocabulary (an added token, or a plain entry that `encode` would split) is that entry
+    (`convert_tokens_to_ids`); anything else is `encode`d. A string that encodes to the unknown token is
+    refused: such a tag could never be matched."""
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    try:
+        if tag and hasattr(tokenizer, "convert_tokens_to_ids"):
+            single = tokenizer.convert_tokens_to_ids(value)
+            if isinstance(single, numbers.Integral) and not isinstance(single, bool) and int(single) >= 0 and (
+                    single != unknown or value == getattr(tokenizer, "unk_token", None)):
+                return [int(single)]
+        ids = [int(token) for token in tokenizer.encode(value, add_special_tokens=False)]
+    except Exception as error:  # anything a tokenizer-like object raises
+        raise TypeError(f"`tokenizer` must be a transformers tokenizer (encode), got "
+                        f"{type(tokenizer).__name__}: {error}") from None
+    if not ids:
+        raise ValueError(f"`{name}` {value!r} tokenizes to no tokens.")
+    if isinstance(unknown, numbers.Integral) and unknown in ids:
+        raise ValueError(f"`{name}` {value!r} is not a token of the tokenizer and encodes to unknown tokens "
+                         f"({ids}, unk_token_id={unknown}), so it could never be matched; pass a string the "
+                         "tokenizer knows, or the tag's token ids.")
+    return ids
 
 
 # Decoding every token of a large vocabulary takes about a second: the answer is kept per tokenizer.

@@ -59,6 +59,7 @@ _REFUSED = {
     "forced_bos_token_id": "it applies at the first position of encoder-decoder outputs only",
     "guidance_scale": "classifier-free guidance needs a second model call per step, which vLLM does not make",
     "watermarking_config": "watermarking is not offered inside vLLM",
+    "thinking_options": "vLLM's processor runs one chain per request, not one per phase, yet",
 }
 
 # vLLM's own sampling fields, their "off" test, and where the same thing lives in hfbridge's options.

@@ -385,3 +385,45 @@ def test_numpy_ids_and_a_step_without_context():
     scores = torch.randn(2, V)
     assert torch.equal(sample_step(scores, thinking_budget=0, thinking_start=np.array([7]), thinking_end=[8]),
                        scores.argmax(-1))
+
+
+def _split_tag_tokenizer():
+    """`<think>` and `</think>` are entries of a word-level vocabulary, but `encode("<think>")` splits them
+    at the punctuation into `[UNK]`, `think`, `[UNK]`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "<think>": 1, "</think>": 2, "a": 3, "b": 4, "think": 5}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    assert tokenizer.encode("<think>", add_special_tokens=False) == [0, 5, 0]
+    return tokenizer
+
+
+def test_a_tag_that_is_a_vocabulary_entry_but_encodes_split_is_found():
+    tokenizer = _split_tag_tokenizer()
+    processor = ThinkingBudgetLogitsProcessor(1, "<think>", "</think>", tokenizer=tokenizer)
+    assert (processor.start_ids, processor.end_ids) == ([1], [2])
+    # the budget triggers: the prompt opens the span, one thinking token, then the end tag is forced
+    def model(input_ids):
+        logits = torch.zeros(*input_ids.shape, len(tokenizer))
+        logits[..., 3] = 5.0
+        return logits
+    out = generate(model, torch.tensor([[4, 1]]), max_new_tokens=3, thinking_budget=1,
+                   tokenizer=tokenizer)
+    assert out[0, 2:].tolist() == [3, 2, 3]
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(thinking_start="<thought>"),
+     r"^`thinking_start` '<thought>' is not a token of the tokenizer and encodes to unknown tokens \(\[0, 0, 0\], "
+     r"unk_token_id=0\), so it could never be matched; pass a string the tokenizer knows, or the tag's token ids.$"),
+    (dict(thinking_end="</thought>"),
+     r"^`thinking_end` '</thought>' is not a token of the tokenizer and encodes to unknown tokens"),
+])
+def test_a_tag_that_encodes_to_unknown_tokens_is_refused(options, message):
+    tokenizer = _split_tag_tokenizer()
+    with pytest.raises(ValueError, match=message):
+        sample_step(torch.zeros(1, len(tokenizer)), torch.tensor([[1]]), thinking_budget=2, tokenizer=tokenizer,
+                    **options)
