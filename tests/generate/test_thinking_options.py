@@ -377,3 +377,18 @@ def test_a_transformers_model_passed_as_it_is():
             if phase:
                 assert int(out[row, 3 + step]) != banned
     assert phases[0][0] and int(out[0, 3]) != int(plain[0, 3])
+
+
+@pytest.mark.parametrize("thinking,options", [({"do_sample": True}, {}), ({"do_sample": True}, {"fast": True}),
+                                              ({"repetition_penalty": 1.5}, {})])
+def test_generate_names_the_step_and_the_batchs_row(thinking, options):
+    table = _table()
+
+    def model(ids):
+        out = table[ids].clone()
+        if ids.shape[1] >= 4:
+            out[2, -1, 5] = float("nan")  # row 2, thinking, at step 1
+        return out
+
+    with pytest.raises(ValueError, match=r"^generate\(\): at step 1: `logits` contain NaN in row 2 \(1 of 3 rows"):
+        generate(model, PROMPTS, max_new_tokens=4, thinking_options=thinking, **TAGS, **options)
