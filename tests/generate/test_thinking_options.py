@@ -392,3 +392,27 @@ def test_generate_names_the_step_and_the_batchs_row(thinking, options):
 
     with pytest.raises(ValueError, match=r"^generate\(\): at step 1: `logits` contain NaN in row 2 \(1 of 3 rows"):
         generate(model, PROMPTS, max_new_tokens=4, thinking_options=thinking, **TAGS, **options)
+
+
+def test_one_generator_draws_the_answering_rows_then_the_thinking_ones():
+    table = _table(6)
+    base, thinking = {"do_sample": True, "top_k": 0}, {"temperature": 1.5}
+    got = generate(lambda ids: table[ids], PROMPTS, max_new_tokens=STEPS, thinking_options=thinking,
+                   generator=torch.Generator().manual_seed(4), **base, **TAGS)
+    # by hand: each step, the answering rows together, then the thinking rows, from the one generator
+    generator = torch.Generator().manual_seed(4)
+    answer = Sampler(generator=generator, prompt_length=3, **base, **TAGS)
+    inside = Sampler(generator=generator, prompt_length=3, **base, **thinking, **TAGS)
+    ids = PROMPTS
+    seen = set()
+    for _ in range(STEPS):
+        phases = [_thinking(row) for row in ids.tolist()]
+        seen.add(tuple(phases))
+        tokens = torch.empty(3, dtype=torch.long)
+        for sampler, phase in ((answer, False), (inside, True)):
+            rows = [row for row in range(3) if phases[row] == phase]
+            if rows:
+                tokens[rows] = sampler(table[ids[rows]][:, -1], ids[rows])
+        ids = torch.cat([ids, tokens[:, None]], 1)
+    assert torch.equal(got, ids)
+    assert len(seen) > 1  # the split changed while generating
