@@ -24,6 +24,7 @@ ones.
 >>> sampler.phased, [phase.do_sample for phase in sampler._phases.units[0].samplers]
 (True, [False, True])
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from hfbridge._step.sampler_state import StepResult, invalid_flags
 from hfbridge.processors.thinking_budget import span_open
 
 __all__ = ["PHASE_NAMES", "Phases"]
+
 
 @dataclass
 class _Unit:
@@ -63,6 +65,7 @@ class Phases:
         self._tags: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self._indices: dict[tuple[int, torch.device], torch.Tensor] = {}
         self.last: list[bool] | None = None  # each row's phase at the last step (True: thinking)
+        self.invalid: torch.Tensor | None = None  # [N] bool: the last `next_tokens`' fast rows with nothing to choose
         # Every phase greedy and following nothing but the tokens: `step` runs both phases on every row and picks
         # each row's token by its phase on the device, with no host read (a draw, or a state fed by a
         # distribution, would see rows of the other phase there).

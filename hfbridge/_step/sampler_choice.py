@@ -64,7 +64,7 @@ class StepChoice:
         """`(rows,)` bool on the logits' device: True for each row the last fast `next_tokens` call
         could not sample (see `check_rows`); None before such a call. Reading it makes no host read."""
         if self._phases is not None:
-            return getattr(self._phases, "invalid", None)  # the phases' fast samplers' flags, merged
+            return self._phases.invalid  # the phases' fast samplers' flags, merged
         valid = self._fast_valid
         if isinstance(valid, bool):  # one CPU row whose draw knew the answer: no tensor made until asked
             return torch.tensor([not valid])

@@ -342,3 +342,77 @@ def test_an_empty_span_and_no_context():
                          **TAGS)
     assert trace.phase == "thinking" and trace.token != int(logits[1].argmax())
     assert explain_step(logits, ids, row=0, thinking_options={"suppress_tokens": [0]}, **TAGS).phase == "answer"
+
+
+def test_num_return_sequences_expands_the_values_per_prompt():
+    table, seeds = _table(5), [21, 22, 23, 24]
+    prompts = PROMPTS[[0, 1]]
+    base = {"do_sample": True, "top_k": 0}
+    thinking = {"temperature": (1.5, 0.5), "top_k": (3, 0)}
+    got = generate(lambda ids: table[ids], prompts, max_new_tokens=STEPS, num_return_sequences=2,
+                   generator=[torch.Generator().manual_seed(seed) for seed in seeds], thinking_options=thinking,
+                   **base, **TAGS)
+    expanded = {name: tuple(value for value in values for _ in range(2)) for name, values in thinking.items()}
+    expected, _ = _hand_loop(table, prompts.repeat_interleave(2, dim=0), base, expanded, seeds)
+    assert torch.equal(got, expected)
+    with pytest.raises(ValueError, match=r"^`thinking_options`: `temperature` has 3 values, one per row, but "
+                                         r"`input_ids` has 2 rows"):
+        generate(_NeverCalled(), prompts, max_new_tokens=2, thinking_options={"temperature": (1.0, 1.0, 1.0)},
+                 **TAGS)
+
+
+def test_a_transformers_model_passed_as_it_is():
+    from _tiny_models import tiny_llama
+
+    hf = tiny_llama()
+    prompts = torch.tensor([[1, 7, 2], [1, 2, 3]])
+    plain = generate(hf, prompts, max_new_tokens=6)
+    banned = int(plain[0, 3])  # row 0's first greedy token, while its span is open
+    out = generate(hf, prompts, max_new_tokens=6, thinking_options={"suppress_tokens": [banned]}, **TAGS)
+    phases = [[_thinking(out[row, :3 + step].tolist()) for step in range(6)] for row in range(2)]
+    for row in range(2):
+        if not any(phases[row]):  # never thinking: the model's own greedy tokens
+            assert torch.equal(out[row], plain[row])
+        for step, phase in enumerate(phases[row]):
+            if phase:
+                assert int(out[row, 3 + step]) != banned
+    assert phases[0][0] and int(out[0, 3]) != int(plain[0, 3])
+
+
+@pytest.mark.parametrize("thinking,options", [({"do_sample": True}, {}), ({"do_sample": True}, {"fast": True}),
+                                              ({"repetition_penalty": 1.5}, {})])
+def test_generate_names_the_step_and_the_batchs_row(thinking, options):
+    table = _table()
+
+    def model(ids):
+        out = table[ids].clone()
+        if ids.shape[1] >= 4:
+            out[2, -1, 5] = float("nan")  # row 2, thinking, at step 1
+        return out
+
+    with pytest.raises(ValueError, match=r"^generate\(\): at step 1: `logits` contain NaN in row 2 \(1 of 3 rows"):
+        generate(model, PROMPTS, max_new_tokens=4, thinking_options=thinking, **TAGS, **options)
+
+
+def test_one_generator_draws_the_answering_rows_then_the_thinking_ones():
+    table = _table(6)
+    base, thinking = {"do_sample": True, "top_k": 0}, {"temperature": 1.5}
+    got = generate(lambda ids: table[ids], PROMPTS, max_new_tokens=STEPS, thinking_options=thinking,
+                   generator=torch.Generator().manual_seed(4), **base, **TAGS)
+    # by hand: each step, the answering rows together, then the thinking rows, from the one generator
+    generator = torch.Generator().manual_seed(4)
+    answer = Sampler(generator=generator, prompt_length=3, **base, **TAGS)
+    inside = Sampler(generator=generator, prompt_length=3, **base, **thinking, **TAGS)
+    ids = PROMPTS
+    seen = set()
+    for _ in range(STEPS):
+        phases = [_thinking(row) for row in ids.tolist()]
+        seen.add(tuple(phases))
+        tokens = torch.empty(3, dtype=torch.long)
+        for sampler, phase in ((answer, False), (inside, True)):
+            rows = [row for row in range(3) if phases[row] == phase]
+            if rows:
+                tokens[rows] = sampler(table[ids[rows]][:, -1], ids[rows])
+        ids = torch.cat([ids, tokens[:, None]], 1)
+    assert torch.equal(got, ids)
+    assert len(seen) > 1  # the split changed while generating
