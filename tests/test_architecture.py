@@ -104,7 +104,7 @@ def test_find_cycle_finds_one_and_only_one():
 def test_the_reader_sees_known_edges():
     # the reader sees the imports that matter: a sample of known edges of the real package
     assert "hfbridge._generate.call" in GRAPH["hfbridge._generate.hf_loops.assisted"]
-    assert "hfbridge._step.fast.fast_path" in GRAPH["hfbridge._step.sampler"]
+    assert "hfbridge._step.fast.fast_path" in GRAPH["hfbridge._step.sampler_choice"]
     assert "hfbridge._generate.prepared" in GRAPH["hfbridge._generate.loop"]  # `Call`, below the loop
     assert "hfbridge._generate.call" not in imports_of("hfbridge._generate.loop", type_only=True)
 

@@ -40,7 +40,7 @@ from hfbridge._step.phase_options import PHASE_NAMES, split_options, thinking_co
 from hfbridge._step.sampler_state import StepResult, invalid_flags
 from hfbridge.processors.thinking_budget import span_open
 
-__all__ = ["PHASE_NAMES", "Phases"]
+__all__ = ["PHASE_NAMES", "Phases", "phases_of"]
 
 
 @dataclass
@@ -303,3 +303,22 @@ def _merged(into: torch.Tensor | None, index: torch.Tensor, part: torch.Tensor, 
     if into is None:
         into = torch.full((rows, *part.shape[1:]), fill, dtype=part.dtype, device=part.device)
     return into.index_copy_(0, index.to(part.device), part)
+
+
+def phases_of(sampler: Any, config: GenerationConfig, per_row: PerRowValues | None, thinking: dict[str, Any],
+              prepare: Callable[[dict[str, Any]], GenerationConfig]) -> Phases:
+    """The phases of a `Sampler` built with `thinking_options` (its `do_sample` set to whether any phase samples);
+    the options a phase cannot take refused."""
+    for name, value in (("processors", sampler._user_processors), ("unconditional", sampler._unconditional),
+                        ("prefix_allowed_tokens_fn", sampler._prefix_allowed_tokens_fn)):
+        if value:
+            raise ValueError(f"`thinking_options` with `{name}=` is not supported: each phase runs its own rows "
+                             f"apart, which `{name}` does not expect; drop one of them.")
+
+    def make(phase_config: GenerationConfig, generator: Any) -> Any:
+        return type(sampler).from_prepared(phase_config, generator=generator, prompt_length=sampler.prompt_length,
+                                           fast=sampler.fast, tokenizer=sampler._tokenizer, vocab_from_tokenizer=False)
+
+    phases = Phases.build(config, per_row, thinking, sampler.generator, sampler._tokenizer, prepare, make)
+    sampler.do_sample = any(part.do_sample for part in phases.samplers())
+    return phases

@@ -18,21 +18,20 @@ from transformers import GenerationConfig, LogitsProcessorList
 from hfbridge._step.build_processors import make_generation_config, processors_for_config
 from hfbridge._step.caller_inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.cpu_shortcuts import greedy_choice
-from hfbridge._step.fast.fast_path import fast_draw
 from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
 from hfbridge._step.option_table import per_row_options
 from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
-from hfbridge._step.per_row_draw import Generators, RowState, check_generators, fast_rows
+from hfbridge._step.per_row_draw import Generators, RowState, check_generators
 from hfbridge._step.phase_options import check_thinking_options
-from hfbridge._step.phases import Phases
+from hfbridge._step.phases import Phases, phases_of
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.route import Route, decide_route
 from hfbridge._step.sampler_choice import StepChoice
 from hfbridge._step.sampler_rows import StepInputs
-from hfbridge._step.sampler_state import SamplerState, StepResult, first_warper, replayed
+from hfbridge._step.sampler_state import SamplerState, StepResult, first_warper
 from hfbridge._step.step_errors import at_step, processors_stage
 from hfbridge.processors._host import owned_scores
 
@@ -189,23 +188,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         if thinking_options is not None:
             if prepare_phase is None:
                 raise ValueError("`thinking_options` needs `prepare_phase` (how the call's options are prepared).")
-            self._phases = self._phased(config, per_row, thinking_options, prepare_phase)
-
-    def _phased(self, config: GenerationConfig, per_row: PerRowValues | None, thinking: dict[str, Any],
-                prepare: Callable[[dict[str, Any]], GenerationConfig]) -> Phases:
-        for name, value in (("processors", self._user_processors), ("unconditional", self._unconditional),
-                            ("prefix_allowed_tokens_fn", self._prefix_allowed_tokens_fn)):
-            if value:
-                raise ValueError(f"`thinking_options` with `{name}=` is not supported: each phase runs its own rows "
-                                 f"apart, which `{name}` does not expect; drop one of them.")
-
-        def make(phase_config: GenerationConfig, generator: Any) -> Sampler:
-            return Sampler.from_prepared(phase_config, generator=generator, prompt_length=self.prompt_length,
-                                         fast=self.fast, tokenizer=self._tokenizer, vocab_from_tokenizer=False)
-
-        phases = Phases.build(config, per_row, thinking, self.generator, self._tokenizer, prepare, make)
-        self.do_sample = any(sampler.do_sample for sampler in phases.samplers())
-        return phases
+            self._phases = phases_of(self, config, per_row, thinking_options, prepare_phase)
 
     def with_generator(self, generator: Generators) -> Sampler:
         """A copy of this sampler drawing from `generator` (one, or one per row); the processors are shared.
@@ -372,50 +355,6 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             self._check_best(best, chosen, rows)
             return StepResult(tokens, scores, None, None)
         return StepResult(tokens, scores, best, lambda: self.explain_invalid(~(best > _NEG_INF), rows, chosen))
-
-    def _fast_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList
-                     ) -> torch.Tensor:
-        """The fused path's tokens; the rows' validity kept for `invalid_rows` / `check_rows` (no host read)."""
-        # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
-        # division makes the copy), instead of a copy here and a division in place there
-        lent = rows.dtype == torch.float32
-        result: Any
-        if self._plan is not None or isinstance(self.generator, (list, tuple)):  # per group, or per row
-            result = self._fast_rows(input_ids, rows, processors, lent)
-        else:
-            result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
-                               memo=self._fast_memo, read_only=lent)
-        known = result.known_valid  # the one-row CPU draw knows it on the host
-        if known:  # valid, known without a read: nothing to keep for an error
-            self._fast_valid, self._last_fast = True, None
-        else:
-            self._fast_valid = known if known is not None else result.valid  # no sync
-            self._last_fast = (result, rows)
-        return result.tokens
-
-    def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList, lent: bool,
-                   head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
-        """The fast path per group (or per row): the chain's places before its first warper run once on the
-        whole batch (guidance, penalties, your processors: exactly as exact mode runs them), then each
-        group's own warpers, fused, on its rows alone (`per_row_draw.fast_rows`). `head_output`: those
-        places' output when already computed; `replays`: outputs to hand back instead of running a processor
-        again (by the processor's place in the chain), for `explain`."""
-        start = self._head_length
-        if head_output is not None:
-            scores, lent = head_output, False
-        elif start:
-            head = CheckedProcessorList(processors[:start])
-            scores, lent = head(cast(torch.LongTensor, input_ids), self._float_copy(rows)), False  # [N, V]
-        else:
-            scores = rows
-        units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, start)
-        if replays:
-            for (_, original), (copied, _) in self._rows.copies.items():
-                if original in replays and id(copied) not in replays:
-                    replays[id(copied)] = replays[original]
-            units = [(index, row_list, LogitsProcessorList(replayed(own, replays, index, start, processors)),
-                      samples, generator, memo) for index, row_list, own, samples, generator, memo in units]
-        return fast_rows(input_ids, scores, units, read_only=lent)
 
     @property
     def _one_generator(self) -> torch.Generator | None:

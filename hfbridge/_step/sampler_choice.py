@@ -11,14 +11,17 @@ flag read by `check_rows`). `Sampler` (`_step/sampler.py`) inherits it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
+from transformers import LogitsProcessorList
 
 from hfbridge._step.exact_draw import draw_one, softmax
-from hfbridge._step.per_row_draw import choose_rows
-from hfbridge._step.processor_list import processor_name
+from hfbridge._step.fast.fast_path import fast_draw
+from hfbridge._step.per_row_draw import choose_rows, fast_rows
+from hfbridge._step.processor_list import CheckedProcessorList, processor_name
 from hfbridge._step.row_errors import invalid_rows_error
+from hfbridge._step.sampler_state import replayed
 
 
 class StepChoice:
@@ -30,6 +33,9 @@ class StepChoice:
     _phases: Any
     _fast_valid: Any
     _last_fast: Any
+    _fast_memo: dict[str, Any]
+    _head_length: int
+    _float_copy: Any  # `StepInputs._float_copy`
     generator: Any
     _generator_fits: Any
     do_sample: bool
@@ -154,6 +160,51 @@ class StepChoice:
                 return
             valid = best > float("-inf")
         self._raise_bad_rows(~valid, scores if raw is None else raw, scores)
+
+
+    def _fast_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList
+                     ) -> torch.Tensor:
+        """The fused path's tokens; the rows' validity kept for `invalid_rows` / `check_rows` (no host read)."""
+        # float32 rows are lent read-only: the fast path copies where it writes (a temperature's
+        # division makes the copy), instead of a copy here and a division in place there
+        lent = rows.dtype == torch.float32
+        result: Any
+        if self._plan is not None or isinstance(self.generator, (list, tuple)):  # per group, or per row
+            result = self._fast_rows(input_ids, rows, processors, lent)
+        else:
+            result = fast_draw(input_ids, rows if lent else self._float_copy(rows), processors, self._one_generator,
+                               memo=self._fast_memo, read_only=lent)
+        known = result.known_valid  # the one-row CPU draw knows it on the host
+        if known:  # valid, known without a read: nothing to keep for an error
+            self._fast_valid, self._last_fast = True, None
+        else:
+            self._fast_valid = known if known is not None else result.valid  # no sync
+            self._last_fast = (result, rows)
+        return result.tokens
+
+    def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList, lent: bool,
+                   head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
+        """The fast path per group (or per row): the chain's places before its first warper run once on the
+        whole batch (guidance, penalties, your processors: exactly as exact mode runs them), then each
+        group's own warpers, fused, on its rows alone (`per_row_draw.fast_rows`). `head_output`: those
+        places' output when already computed; `replays`: outputs to hand back instead of running a processor
+        again (by the processor's place in the chain), for `explain`."""
+        start = self._head_length
+        if head_output is not None:
+            scores, lent = head_output, False
+        elif start:
+            head = CheckedProcessorList(processors[:start])
+            scores, lent = head(cast(torch.LongTensor, input_ids), self._float_copy(rows)), False  # [N, V]
+        else:
+            scores = rows
+        units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, start)
+        if replays:
+            for (_, original), (copied, _) in self._rows.copies.items():
+                if original in replays and id(copied) not in replays:
+                    replays[id(copied)] = replays[original]
+            units = [(index, row_list, LogitsProcessorList(replayed(own, replays, index, start, processors)),
+                      samples, generator, memo) for index, row_list, own, samples, generator, memo in units]
+        return fast_rows(input_ids, scores, units, read_only=lent)
 
 
 def _spread(part: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
