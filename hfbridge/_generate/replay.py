@@ -181,9 +181,10 @@ def _replay(model: Any, sequences: Any, prompt_length: Any, attention_mask: Any,
         source = model_logits(adapter)
     else:
         source = given_logits(_checked_logits(logits, rows, steps))
-    draw = sampler.do_sample and generator is not None and not fast
+    # teacher-forced logits differ from the generation's by float rounding: the draws only advance the stream
+    draw = sampler.do_sample and generator is not None and not fast and (coins or not teacher_forced)
     replayed = replay_steps(call, new_tokens, source, draw=draw)
-    if replayed.mismatch is not None and bool(replayed.mismatch.any()):
+    if replayed.mismatch is not None and not teacher_forced and bool(replayed.mismatch.any()):
         row, step = (int(i) for i in replayed.mismatch.nonzero()[0])
         raise ValueError(f"replay(): at step {step}, row {row}: drawing with `generator` gives another token than the "
                          f"recorded {int(new_tokens[row, step])}: the generator did not start in the generation's "
@@ -217,8 +218,8 @@ def _prompt(prompt_length: Any, attention_mask: Any, rows: int, length: int) -> 
             raise ValueError(f"replay(): `attention_mask` has {attention_mask.shape[1]} columns and `sequences` "
                              f"{length}: pass prompt_length= to say where the new tokens start.")
         return attention_mask.shape[1], attention_mask
-    if isinstance(prompt_length, int) and not isinstance(prompt_length, bool):
-        start = prompt_length
+    if _one_int(prompt_length):
+        start = int(prompt_length)  # an int, a NumPy integer, a 0-d integer tensor
         per_row = None
     else:
         values = prompt_length.tolist() if isinstance(prompt_length, torch.Tensor) else prompt_length
@@ -244,6 +245,14 @@ def _prompt(prompt_length: Any, attention_mask: Any, rows: int, length: int) -> 
     columns = torch.arange(start)
     lengths = torch.tensor(per_row)
     return start, (columns[None, :] >= (start - lengths)[:, None]).long()  # [N, T] left padding
+
+
+def _one_int(value: Any) -> bool:
+    if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not value.is_floating_point()
+    return hasattr(value, "__index__") and not hasattr(value, "__len__")
 
 
 def _copied(generator: Any) -> Any:

@@ -296,3 +296,33 @@ def test_refusals():
         replay(None, out.sequences, logits=out.logits[:11], **common)
     with pytest.raises(ValueError, match=r"^replay\(\): every row had finished after step 0"):
         replay(table_model, out.sequences, prompt_length=3, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("options", [
+    {"do_sample": True, "bad_words_ids": [[3], [5, 6]], "suppress_tokens": [1], "begin_suppress_tokens": [2]},
+    {"do_sample": True, "sequence_bias": {(4,): 2.0}, "exponential_decay_length_penalty": (2, 1.5),
+     "eos_token_id": 7, "pad_token_id": 0},
+    {"do_sample": True, "guidance_scale": 1.5},
+    {"do_sample": True, "epsilon_cutoff": 0.01, "eta_cutoff": 0.01, "typical_p": 0.8, "min_length": 8,
+     "eos_token_id": 7, "pad_token_id": 0},
+    {"do_sample": False, "repetition_penalty": 1.5, "no_repeat_ngram_size": 2},
+    {"do_sample": True, "temperature": [0.0, 0.7], "top_k": [2, 3]},
+], ids=["bans", "bias-decay", "guidance", "cutoffs", "greedy", "greedy-row"])
+def test_more_of_hfs_processors(options):
+    out = _generate(options)
+    replayed = replay(table_model, out.sequences, prompt_length=3, generator=_seeded(5), max_new_tokens=12, **options)
+    _assert_same(replayed, out)
+
+
+def test_prompt_length_as_numpy_or_tensor_and_no_new_tokens():
+    import numpy as np
+
+    out = _generate({"do_sample": True, "top_k": 4})
+    for length in (np.int64(3), torch.tensor(3)):
+        _assert_same(replay(table_model, out.sequences, prompt_length=length, max_new_tokens=12, do_sample=True,
+                            top_k=4), out)
+    empty = replay(table_model, out.sequences[:, :3], prompt_length=3, do_sample=True, top_k=4)
+    assert empty.scores == () and empty.logprobs.shape == (2, 0)
+    with pytest.raises(TypeError, match=r"^replay\(\): `prompt_length` must be an int or one int per row \(2\), "
+                                        r"got 3.0"):
+        replay(table_model, out.sequences, prompt_length=3.0)
