@@ -87,41 +87,54 @@ class Replay:
         crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         return crow, mask.nonzero()[:, 1]
 
-    def importance_ratio(self, trainer_logprobs: Any, *, cap: float | None = None,
+    def importance_ratio(self, trainer_logprobs: Any, *, cap: float | None = None, floor: float | None = None,
                          mode: str = "token_truncate") -> torch.Tensor:
         """`(rows, new)` ratios `exp(trainer_logprobs - logprobs)` between a trainer's log-probabilities of the
-        tokens and the replayed (processed) ones: what TRL's GRPO multiplies the loss by with
-        `vllm_importance_sampling_correction=True`, the replay standing in for the engine's figures.
+        tokens and the replayed (processed) ones: the correction TRL's GRPO applies with
+        `vllm_importance_sampling_correction=True` (TRL 1.16, `_generate_and_score_completions`), with the replay
+        standing in for the engine's sampling log-probabilities.
 
         Args:
             trainer_logprobs: `(rows, new)` the trainer's log-probability of each generated token.
-            cap: None: the plain ratio. A number > 0: TRL's `vllm_importance_sampling_cap`, applied by `mode`.
-            mode: TRL's `vllm_importance_sampling_mode`: `"token_truncate"` (each ratio clamped to at most
-                `cap`), `"token_mask"` (ratios above `cap` set to 0), `"sequence_truncate"` /
+            cap: The upper bound (TRL's `vllm_importance_sampling_clip_max`, formerly
+                `vllm_importance_sampling_cap`). Default None: no upper bound.
+            floor: The lower bound (TRL's `vllm_importance_sampling_clip_min`). Default None: none.
+            mode: TRL's `vllm_importance_sampling_mode`: `"token_truncate"` (each ratio clamped to
+                `[floor, cap]`), `"token_mask"` (ratios outside it set to 0), `"sequence_truncate"` /
                 `"sequence_mask"` (one ratio per row, `exp` of the summed differences over the generated
-                tokens, shape `(rows, 1)`, then clamped or masked). Default: `"token_truncate"`.
+                tokens, shape `(rows, 1)`, then clamped or masked). Default: `"token_truncate"` (TRL 1.16's
+                default is `"sequence_mask"`). Without bounds every mode returns the plain ratios.
 
-        The filler after a row finished (`generated` False) counts 0 in the sums and gets ratio 1 in the
-        token modes (its processed log-probability may be -inf).
+        The filler after a row finished (`generated` False) counts 0 in the sums (ratio 1 in the token
+        modes), as TRL's completion mask does; its processed log-probability may be -inf.
         """
         trainer = _checked_logprobs(trainer_logprobs, self.tokens.shape, "trainer_logprobs")
         if mode not in _MODES:
             raise ValueError(f"`mode` must be one of {list(_MODES)} (TRL's vllm_importance_sampling_mode), "
                              f"got {mode!r}.")
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0
-                                or math.isnan(cap)):
-            raise ValueError(f"`cap` must be a number > 0 (TRL's vllm_importance_sampling_cap) or None, got {cap!r}.")
+        for name, bound in (("cap", cap), ("floor", floor)):
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                                      or not bound >= 0 or math.isinf(bound)):
+                raise ValueError(f"`{name}` must be a finite number >= 0 (TRL's vllm_importance_sampling_clip_"
+                                 f"{'max' if name == 'cap' else 'min'}) or None, got {bound!r}.")
+        if cap is not None and floor is not None and floor > cap:
+            raise ValueError(f"`floor` ({floor}) must not exceed `cap` ({cap}).")
         own = self.logprobs.to(trainer.device)
         live = self.generated.to(trainer.device)
         difference = torch.where(live, trainer.to(torch.float32) - own, 0.0)  # [N, S]
         if mode.startswith("sequence"):
             difference = difference.sum(dim=-1, keepdim=True)  # [N, 1]
         ratio = difference.exp()
-        if cap is None:
+        if cap is None and floor is None:
             return ratio
         if mode.endswith("truncate"):
-            return ratio.clamp(max=float(cap))
-        return ratio.masked_fill(ratio > cap, 0.0)
+            return ratio.clamp(min=floor, max=cap)
+        outside = torch.zeros_like(ratio, dtype=torch.bool)
+        if cap is not None:
+            outside |= ratio > cap
+        if floor is not None:
+            outside |= ratio < floor
+        return ratio.masked_fill(outside, 0.0)
 
     def check(self, reported_logprobs: Any = None, *, atol: float = 0.0) -> None:
         """Check that the tokens came from the chain replayed: each generated token inside its kept support,

@@ -214,8 +214,13 @@ def test_importance_ratio_as_trl_computes_it():
         replayed.importance_ratio(trainer[:, :3])
     with pytest.raises(TypeError, match=r"^`trainer_logprobs` must be a float tensor"):
         replayed.importance_ratio(replayed.tokens)
-    with pytest.raises(ValueError, match=r"^`cap` must be a number > 0"):
+    assert torch.equal(replayed.importance_ratio(trainer, floor=0.5, cap=0.9), plain.clamp(min=0.5, max=0.9))
+    assert torch.equal(replayed.importance_ratio(trainer, floor=0.5, mode="token_mask"),
+                       plain.masked_fill(plain < 0.5, 0.0))
+    with pytest.raises(ValueError, match=r"^`cap` must be a finite number >= 0 \(TRL's vllm_importance_sampling_clip_max\)"):
         replayed.importance_ratio(trainer, cap=True)
+    with pytest.raises(ValueError, match=r"^`floor` \(2.0\) must not exceed `cap` \(1.0\)"):
+        replayed.importance_ratio(trainer, floor=2.0, cap=1.0)
     with pytest.raises(ValueError, match=r"^`mode` must be one of"):
         replayed.importance_ratio(trainer, mode="token")
 
