@@ -90,7 +90,7 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
     finished = FinishedRows(rows, device, call.criteria)
     pad = special_token(call.config, "pad") if pads_finished(call.criteria) else None
     scores_per_step: list[torch.Tensor] = []
-    raw_logprobs, kept_mass, generated, mismatch, not_padded = [], [], [], [], []
+    raw_logprobs, kept_mass, generated, mismatch, not_padded, invalid = [], [], [], [], [], []
     vocab = None
     for step in range(steps):
         view = logits(call, step)  # [N, V], read only
@@ -103,6 +103,8 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
                              f"{vocab} at step 0.")
         scores = at_step(step, lambda: sampler.process(call.sequences, view.to(torch.float32, copy=True)))  # [N, V]
         scores_per_step.append(scores)
+        best = scores.amax(dim=-1)  # [N]: NaN, nothing kept, or +inf when sampling: generate raises
+        invalid.append(~(best.abs() < float("inf")) if sampler.do_sample else ~(best > float("-inf")))
         token = tokens[:, step]  # [N]
         raw = torch.log_softmax(view.to(torch.float32), dim=-1)  # [N, V]
         raw_logprobs.append(raw.gather(1, token[:, None])[:, 0])
@@ -122,6 +124,8 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
                 f"replay(): every row had finished after step {step} (the stopping criteria: eos_token_id, "
                 f"max_new_tokens, stop_strings), where generate stops, but `sequences` have {steps} new tokens; "
                 "pass the options the generation used, or the sequences it returned.")
+    if invalid:
+        _check_valid(torch.stack(invalid, dim=1))
     if not_padded:
         _check_padding(torch.stack(not_padded, dim=1), tokens, pad)
     return ReplayedSteps(
@@ -153,3 +157,12 @@ def _check_padding(not_padded: torch.Tensor, tokens: torch.Tensor, pad: Any) -> 
             f"replay(): row {row} had finished before step {step} (a stopping criterion: eos_token_id, stop_strings), "
             f"so generate gave it the pad token {pad}, but `sequences` hold {int(tokens[row, step])} there; pass the "
             "options the generation used (eos_token_id, pad_token_id).")
+
+
+def _check_valid(invalid: torch.Tensor) -> None:
+    """No step left a row with nothing to draw (`invalid`: [N, S]); generate would have raised there."""
+    if bool(invalid.any()):
+        row, step = (int(i) for i in invalid.nonzero()[0])
+        raise ValueError(
+            f"replay(): at step {step}, row {row} has nothing to draw: its scores after the processors are NaN, "
+            "-inf everywhere or +inf (NaN logits?), where generate raises; no distribution can be replayed there.")

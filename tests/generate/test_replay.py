@@ -331,3 +331,15 @@ def test_prompt_length_as_numpy_or_tensor_and_no_new_tokens():
     with pytest.raises(TypeError, match=r"^replay\(\): `prompt_length` must be an int or one int per row \(2\), "
                                         r"got 3.0"):
         replay(table_model, out.sequences, prompt_length=3.0)
+
+
+def test_logits_a_generation_could_not_have_drawn_from_are_refused():
+    out = _generate({"do_sample": True, "top_k": 4})
+    logits = [step.clone() for step in out.logits]
+    logits[2][1, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"^replay\(\): at step 2, row 1 has nothing to draw: its scores after the "
+                                         r"processors are NaN, -inf everywhere or \+inf"):
+        replay(None, out.sequences, prompt_length=3, logits=tuple(logits), max_new_tokens=12, do_sample=True, top_k=4)
+    logits[2][1, 5] = float("inf")
+    with pytest.raises(ValueError, match=r"^replay\(\): at step 2, row 1 has nothing to draw"):
+        replay(None, out.sequences, prompt_length=3, logits=tuple(logits), max_new_tokens=12, do_sample=True, top_k=4)
