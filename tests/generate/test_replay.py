@@ -343,3 +343,42 @@ def test_logits_a_generation_could_not_have_drawn_from_are_refused():
     logits[2][1, 5] = float("inf")
     with pytest.raises(ValueError, match=r"^replay\(\): at step 2, row 1 has nothing to draw"):
         replay(None, out.sequences, prompt_length=3, logits=tuple(logits), max_new_tokens=12, do_sample=True, top_k=4)
+
+
+def _model_forms(rows: int, length: int) -> dict:
+    from hfbridge import Hooks, InputPos, Recompute, ReturnsCache
+
+    from _tiny_models import TinyCached, TinyFast, TinyMasked
+
+    core = TinyCore(vocab=V, seed=3)
+
+    def forms():
+        fast = TinyFast(core)
+        fast.setup_caches(max_batch_size=rows, max_seq_length=length)
+
+        def prepare_inputs(input_ids, *, attention_mask, cache=None):
+            seen = 0 if cache is None else cache[0].shape[1]
+            return {"idx": input_ids[:, seen:], "cache": cache, "attention_mask": attention_mask}
+
+        def update_state(outputs, state):
+            return {**state, "cache": outputs[1]}
+
+        return {"recompute": Recompute(TinyMasked(core)), "returns_cache": ReturnsCache(TinyCached(core)),
+                "input_pos": InputPos(fast), "hooks": Hooks(TinyCached(core), prepare_inputs, update_state)}
+    return forms
+
+
+@pytest.mark.parametrize("form", ["recompute", "returns_cache", "input_pos", "hooks"])
+def test_every_model_form_through_its_cache(form):
+    forms = _model_forms(rows=2, length=32)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1]] if form == "input_pos" else [[0, 1, 1], [1, 1, 1]])  # no padding there
+    options = {"do_sample": True, "top_k": 6, "mirostat": 2, "pad_token_id": 0}
+    out = _generate(options, model=forms()[form], attention_mask=mask)
+    replayed = replay(forms()[form], out.sequences, attention_mask=mask, generator=_seeded(5), max_new_tokens=12,
+                      **options)
+    _assert_same(replayed, out)
+    if form != "recompute":
+        with pytest.raises(TypeError, match=r"^replay\(\): `teacher_forced=True` needs a plain callable returning the "
+                                            r"logits of every position or a transformers model, got "):
+            replay(forms()[form], out.sequences, attention_mask=mask, teacher_forced=True, max_new_tokens=12,
+                   **options)
