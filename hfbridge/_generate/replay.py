@@ -204,6 +204,9 @@ class _GivenLogits(ModelAdapter):
     def forward(self, input_ids: torch.Tensor, state: dict[str, Any]) -> Any:  # pragma: no cover
         raise AssertionError("unreachable: replay(logits=) never calls the model")
 
+    def crop(self, state: dict[str, Any], length: int) -> dict[str, Any]:
+        return state  # nothing cached; banned strings from given logits are refused after `prepare`
+
 
 def _prompt(prompt_length: Any, attention_mask: Any, rows: int, length: int) -> tuple[int, torch.Tensor | None]:
     """The column where the new tokens start and the prompt's mask (None: inferred by `prepare`)."""

@@ -382,3 +382,21 @@ def test_every_model_form_through_its_cache(form):
                                             r"logits of every position or a transformers model, got "):
             replay(forms()[form], out.sequences, attention_mask=mask, teacher_forced=True, max_new_tokens=12,
                    **options)
+
+
+def test_more_refusals():
+    options = {"do_sample": True, "xtc_probability": 0.5, "prompt_length": 3, "max_new_tokens": 12}
+    out = _generate({"do_sample": True, "xtc_probability": 0.5})
+    with pytest.raises(ValueError, match=r"^replay\(\): with fast=True the generation drew XTC's coins and its tokens "
+                                         r"from another random stream than exact mode's"):
+        replay(table_model, out.sequences, generator=_seeded(5), fast=True, **options)
+    with pytest.raises(ValueError, match=r"^replay\(\): `progress` and `synced_gpus` are not taken"):
+        replay(table_model, out.sequences, progress=True, **options)
+    tok = pieces_tokenizer(V)
+    bans = {"banned_strings": ["ab"], "tokenizer": tok, "do_sample": False, "prompt_length": 3, "max_new_tokens": 12}
+    with pytest.raises(ValueError, match=r"^replay\(\): `banned_strings` / `banned_regex` roll rows back and try other "
+                                         r"tokens, whose logits neither `logits=` nor one teacher-forced forward hold"):
+        replay(None, out.sequences, logits=out.logits, **bans)
+    with pytest.raises(ValueError, match=r"^replay\(\): running the generation again with `generator` gives other "
+                                         r"sequences than `sequences`"):
+        replay(table_model, out.sequences, **bans)  # greedy runs give other tokens than these sampled ones
