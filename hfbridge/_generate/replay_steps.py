@@ -87,7 +87,8 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
     sampler = call.sampler
     rows, steps = tokens.shape
     device = call.sequences.device
-    finished = FinishedRows(rows, device, call.criteria)
+    # the flags stay on the device: read once, at the end (`_check_stops`), not at every step
+    finished = FinishedRows(rows, device, call.criteria, check_every=steps + 1)
     pad = special_token(call.config, "pad") if pads_finished(call.criteria) else None
     scores_per_step: list[torch.Tensor] = []
     raw_logprobs, kept_mass, generated, mismatch, not_padded, invalid = [], [], [], [], [], []
@@ -118,14 +119,11 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
             not_padded.append(~live & (token != pad))  # read once, at the end
         call.sequences = torch.cat([call.sequences, token[:, None]], dim=-1)  # [N, T + 1]
         call.mask = torch.cat([call.mask, call.mask.new_ones((rows, 1))], dim=-1)
-        stop = finished.after_step(call.sequences, None, step=step, force_read=True)
-        if stop and step + 1 < steps:
-            raise ValueError(
-                f"replay(): every row had finished after step {step} (the stopping criteria: eos_token_id, "
-                f"max_new_tokens, stop_strings), where generate stops, but `sequences` have {steps} new tokens; "
-                "pass the options the generation used, or the sequences it returned.")
+        finished.after_step(call.sequences, None, step=step)
     if invalid:
         _check_valid(torch.stack(invalid, dim=1))
+    if steps:
+        _check_stops(torch.stack(generated, dim=1), call.sequences.shape[1] - steps, finished.max_length)
     if not_padded:
         _check_padding(torch.stack(not_padded, dim=1), tokens, pad)
     return ReplayedSteps(
@@ -166,3 +164,17 @@ def _check_valid(invalid: torch.Tensor) -> None:
         raise ValueError(
             f"replay(): at step {step}, row {row} has nothing to draw: its scores after the processors are NaN, "
             "-inf everywhere or +inf (NaN logits?), where generate raises; no distribution can be replayed there.")
+
+
+def _check_stops(generated: torch.Tensor, start: int, max_length: int | None) -> None:
+    """The recorded steps end where generate stops: no step after every row had finished (`generated`: [N, S])."""
+    steps = generated.shape[1]
+    last = steps - 1 if max_length is None else min(steps, max_length - start) - 1  # the last step the length allows
+    done = (~generated.any(dim=0)).nonzero()  # steps at which every row had finished before
+    if done.numel():
+        last = min(last, int(done[0, 0]) - 1)
+    if last < steps - 1:
+        raise ValueError(
+            f"replay(): every row had finished after step {last} (the stopping criteria: eos_token_id, "
+            f"max_new_tokens, stop_strings), where generate stops, but `sequences` have {steps} new tokens; pass the "
+            "options the generation used, or the sequences it returned.")

@@ -400,3 +400,15 @@ def test_more_refusals():
     with pytest.raises(ValueError, match=r"^replay\(\): running the generation again with `generator` gives other "
                                          r"sequences than `sequences`"):
         replay(table_model, out.sequences, **bans)  # greedy runs give other tokens than these sampled ones
+
+
+def test_steps_past_the_end_of_every_row_are_refused():
+    def ends(input_ids):  # [B, T] -> [B, T, V]: token 7 (eos) first
+        return torch.nn.functional.one_hot(torch.full_like(input_ids, 7), V).float()
+
+    out = generate(ends, PROMPTS, max_new_tokens=5, eos_token_id=7, pad_token_id=0)
+    assert out.shape == (2, 4)
+    longer = torch.cat([out, torch.zeros(2, 1, dtype=torch.long)], dim=1)  # a pad column generate never made
+    with pytest.raises(ValueError, match=r"^replay\(\): every row had finished after step 0 \(the stopping criteria"):
+        replay(ends, longer, prompt_length=3, max_new_tokens=5, eos_token_id=7, pad_token_id=0)
+    assert replay(ends, out, prompt_length=3, max_new_tokens=5, eos_token_id=7, pad_token_id=0).generated.all()
