@@ -30,6 +30,7 @@ distribution.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -134,6 +135,10 @@ def _replay(model: Any, sequences: Any, prompt_length: Any, attention_mask: Any,
     start, mask = _prompt(prompt_length, attention_mask, rows, length)
     steps = length - start
     config = named.get("generation_config")
+    if getattr(config, "max_time", None) is not None:  # the replay's own time would finish rows: dropped
+        config = copy.deepcopy(config)
+        setattr(config, "max_time", None)  # noqa: B010 - the config may be any object generate takes
+        named["generation_config"] = config
     expand = kwargs.get("num_return_sequences", getattr(config, "num_return_sequences", None)) or 1
     if isinstance(expand, bool) or not isinstance(expand, int) or expand < 1 or rows % expand:
         raise ValueError(f"replay(): `sequences` have {rows} rows, which num_return_sequences={expand!r} does not "

@@ -412,3 +412,13 @@ def test_steps_past_the_end_of_every_row_are_refused():
     with pytest.raises(ValueError, match=r"^replay\(\): every row had finished after step 0 \(the stopping criteria"):
         replay(ends, longer, prompt_length=3, max_new_tokens=5, eos_token_id=7, pad_token_id=0)
     assert replay(ends, out, prompt_length=3, max_new_tokens=5, eos_token_id=7, pad_token_id=0).generated.all()
+
+
+def test_max_time_is_not_replayed_and_the_callers_config_is_untouched():
+    from transformers import GenerationConfig
+
+    out = _generate({"do_sample": True, "top_k": 3})
+    config = GenerationConfig(max_time=1e-9, do_sample=True, top_k=3, max_new_tokens=12)
+    replayed = replay(table_model, out.sequences, prompt_length=3, generation_config=config, max_time=1e-9)
+    _assert_same(replayed, out)  # no row finished by the replay's own clock
+    assert config.max_time == 1e-9
