@@ -422,3 +422,11 @@ def test_max_time_is_not_replayed_and_the_callers_config_is_untouched():
     replayed = replay(table_model, out.sequences, prompt_length=3, generation_config=config, max_time=1e-9)
     _assert_same(replayed, out)  # no row finished by the replay's own clock
     assert config.max_time == 1e-9
+
+
+def test_per_prompt_values_and_generators_with_num_return_sequences():
+    options = {"do_sample": True, "top_p": [0.5, 0.95], "temperature": [0.7, 1.2], "dry_multiplier": [0.0, 0.8],
+               "dry_sequence_breakers": [], "num_return_sequences": 2}
+    out = _generate(options, rows=4, new=10)
+    _assert_same(replay(table_model, out.sequences, prompt_length=3, generator=_seeded(5, 4), max_new_tokens=10,
+                        **options), out)
