@@ -9,6 +9,8 @@
 from hfbridge._generate.banned import BannedStrings
 from hfbridge._generate.generate import generate
 from hfbridge._generate.logprobs import logprobs
+from hfbridge._generate.replay import replay
+from hfbridge._generate.replay_result import Replay
 from hfbridge._generate.transition_scores import compute_transition_scores
 from hfbridge._hf.contracts import TransformersContractError
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute
@@ -35,6 +37,7 @@ __all__ = [
     "ModelAdapter",
     "NotebookStreamer",
     "Recompute",
+    "Replay",
     "ReturnsCache",
     "Sampler",
     "StepTrace",
@@ -50,6 +53,7 @@ __all__ = [
     "generate",
     "logprobs",
     "reorder_cache",
+    "replay",
     "sample_step",
     "to_rows",
 ]
