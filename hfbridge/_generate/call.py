@@ -42,6 +42,7 @@ from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.option_checks import per_row_from_config
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.sampler import Sampler
 
@@ -60,7 +61,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
     kwargs, guidance = split_guidance(options.kwargs)
     kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
-    kwargs, per_row = split_per_row(kwargs)  # one value per prompt (`_step/per_row.py`)
+    # one value per prompt (`_step/per_row.py`), a passed config's read as the keyword's
+    kwargs, per_row = split_per_row(per_row_from_config(generation_config, kwargs))
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
         streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=kwargs)

@@ -19,7 +19,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step import community_options
 from hfbridge._step.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
-from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_option_values, did_you_mean
+from hfbridge._step.option_checks import check_config_options, check_flag, check_option_values, did_you_mean
 from hfbridge._step.option_table import ROWS, hf_sampling_options, plain_options
 from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
@@ -145,9 +145,7 @@ def make_generation_config(
                         f"{type(prompt_length).__name__} {prompt_length!r}.")
     check_option_values(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
     if generation_config is not None:
-        names = (*CHECKED_OPTIONS, *ROWS)
-        check_option_values({name: getattr(generation_config, name, None) for name in names},
-                            where="in `generation_config`")
+        check_config_options(generation_config, where="in `generation_config`")
         if greedy_by_temperature:
             generation_config = copy.deepcopy(generation_config)
             generation_config.temperature = None

@@ -28,13 +28,14 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hfbridge._step.option_table import ROWS
+from hfbridge._step.option_table import ROWS, per_row_options
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
 from hfbridge.processors._rows import plain
 
-__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_number", "check_option_values", "check_options",
-           "check_token_ids_in_vocab", "did_you_mean", "got", "is_int", "token_id_options"]
+__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_config_options", "check_flag", "check_number",
+           "check_option_values", "check_options", "check_token_ids_in_vocab", "did_you_mean", "got", "is_int",
+           "per_row_from_config", "token_id_options"]
 
 # Options read as flags: a bool or None.
 _FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_dict_in_generate", "output_scores",
@@ -129,6 +130,45 @@ def check_option_values(options: Mapping[str, Any], *, where: str = "") -> None:
         if not where:
             raise
         raise type(error)(f"{str(error).rstrip('.')} ({where}).") from None
+
+
+def check_config_options(config: Any, *, where: str) -> None:
+    """`check_option_values` for every option a `GenerationConfig` carries that a keyword would be checked for.
+
+    The one check of a passed `generation_config` and of a model's own: the registry's rows and every other option
+    `check_options` knows, read off `config` (None: nothing to check). Errors name the option and `where`.
+
+    >>> from transformers import GenerationConfig
+    >>> check_config_options(GenerationConfig(top_k=True), where="in the model's `generation_config`")
+    Traceback (most recent call last):
+    ...
+    TypeError: `top_k` must be an int, got bool True (in the model's `generation_config`).
+    """
+    if config is None:
+        return
+    names = dict.fromkeys((*ROWS, *CHECKED_OPTIONS))  # the registry's rows, then HF's other options
+    check_option_values({name: getattr(config, name, None) for name in names}, where=where)
+
+
+def per_row_from_config(generation_config: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` (keywords) with the per-row values a passed `generation_config` carries added, as keywords.
+
+    HF's `GenerationConfig` holds a list (or tuple, NumPy array, tensor) where one value per row goes, but its
+    own checks and processors take one number: `Sampler`, `sample_step` and `generate` read such a value as the
+    keyword (`split_per_row` then parses it), so one value per row means the same wherever it was set. A keyword
+    wins over the config, as in HF's merge.
+
+    >>> from transformers import GenerationConfig
+    >>> per_row_from_config(GenerationConfig(temperature=[0.5, 1.3], top_k=4), {"top_p": 0.9})
+    {'top_p': 0.9, 'temperature': [0.5, 1.3]}
+    """
+    options = dict(options)
+    for name in per_row_options():
+        value = getattr(generation_config, name, None) if generation_config is not None else None
+        if name not in options and (isinstance(value, (list, tuple)) or bool(getattr(value, "ndim", 0))):
+            check_option_values({name: value}, where="in `generation_config`")
+            options[name] = value
+    return options
 
 
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
