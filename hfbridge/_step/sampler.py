@@ -27,7 +27,7 @@ from hfbridge._step.per_row_draw import Generators, RowState, check_generators, 
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.sampler_choice import StepChoice
 from hfbridge._step.sampler_rows import StepInputs
-from hfbridge._step.sampler_state import SamplerState, first_warper, replayed
+from hfbridge._step.sampler_state import SamplerState, first_warper
 from hfbridge.processors._host import owned_scores
 
 
@@ -267,12 +267,13 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         return self.choose(scores, raw=rows)
 
     def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList, lent: bool,
-                   head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
+                   head_output: torch.Tensor | None = None,
+                   recorder: Callable[[Any, torch.Tensor], list] | None = None) -> Any:
         """The fast path per group (or per row): the chain's places before its first warper run once on the
         whole batch (guidance, penalties, your processors: exactly as exact mode runs them), then each
         group's own warpers, fused, on its rows alone (`per_row_draw.fast_rows`). `head_output`: those
-        places' output when already computed; `replays`: outputs to hand back instead of running a processor
-        again (by the processor's place in the chain), for `explain`."""
+        places' output when already computed; `recorder`: `(a group's processors, its rows' index) -> processors`
+        wrapping them, so that `explain` records this very run."""
         start = self._head_length
         if head_output is not None:
             scores, lent = head_output, False
@@ -282,12 +283,9 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         else:
             scores = rows
         units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, start)
-        if replays:
-            for (_, original), (copied, _) in self._rows.copies.items():
-                if original in replays and id(copied) not in replays:
-                    replays[id(copied)] = replays[original]
-            units = [(index, row_list, LogitsProcessorList(replayed(own, replays, index, start, processors)),
-                      samples, generator, memo) for index, row_list, own, samples, generator, memo in units]
+        if recorder is not None:
+            units = [(index, row_list, LogitsProcessorList(recorder(own, index)), samples, generator, memo)
+                     for index, row_list, own, samples, generator, memo in units]
         return fast_rows(input_ids, scores, units, read_only=lent)
 
     @property
