@@ -25,17 +25,18 @@ ValueError: `mirostat` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), go
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hfbridge._step.option_table import ROWS, per_row_options
+from hfbridge._step.option_table import ROWS, per_row_options, setting, without_effect
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
 from hfbridge.processors._rows import plain
 
 __all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_config_options", "check_flag", "check_number",
            "check_option_values", "check_options", "check_token_ids_in_vocab", "did_you_mean", "got", "is_int",
-           "per_row_from_config", "token_id_options"]
+           "per_row_from_config", "token_id_options", "warn_without_effect"]
 
 # Options read as flags: a bool or None.
 _FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_dict_in_generate", "output_scores",
@@ -169,6 +170,26 @@ def per_row_from_config(generation_config: Any, options: Mapping[str, Any]) -> d
             check_option_values({name: value}, where="in `generation_config`")
             options[name] = value
     return options
+
+
+def warn_without_effect(passed: Mapping[str, Any], sources: Sequence[Any], *, where: str = "",
+                        names: Iterable[str] | None = None) -> list[str]:
+    """A `UserWarning` for each option of `passed` without effect (`without_effect`) whose switches are not set at
+    all (a switch set to its off value, as llama.cpp's full settings pass them, says the caller knows); returns the
+    names of every option without effect. `names`: warn for these options of `passed` only (default: all)."""
+    idle = without_effect(passed, sources)
+    for name, switches in idle.items():
+        if (names is not None and name not in names) or any(
+                setting(switch, passed, sources) is not None for switch in switches):
+            continue
+        kinds = " / ".join(dict.fromkeys(ROWS[name].classes))
+        either = ", ".join(f"`{switch}`" for switch in switches[:-1])
+        either = f"{either} or `{switches[-1]}`" if either else f"`{switches[-1]}`"
+        sampling = " (and does not turn sampling on)" if ROWS[name].sampling else ""
+        warnings.warn(f"`{name}` is set to {plain(passed[name])!r}{where}, but it only tunes {kinds}, which {either} "
+                      f"turns on: alone it does nothing{sampling}. Set {either}, or unset `{name}`.", UserWarning,
+                      stacklevel=4)
+    return list(idle)
 
 
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:

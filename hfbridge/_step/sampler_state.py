@@ -297,7 +297,7 @@ class _Recorder:
         self.processor, self.index, self.recorded = processor, index, recorded
 
     def __call__(self, input_ids: Any, scores: torch.Tensor) -> torch.Tensor:
-        output = self.processor(input_ids, scores)  # [n, V]
+        output = check_processor_output(self.processor, scores, self.processor(input_ids, scores))  # [n, V]
         self.recorded.setdefault(id(self.processor), []).append((self.index, output.clone()))  # the step writes on
         return output
 
