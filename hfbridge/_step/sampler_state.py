@@ -178,8 +178,10 @@ class SamplerState:
 
         Each processor runs once (a stateful one, yours included, takes one step); the tokens are the
         ones `next_tokens` returns for the same state and seed, exact or fast, per-row groups and
-        generator lists included (the fast path hands back the recorded outputs of processors not from
-        transformers instead of running them again). `explain_step` is this, shown.
+        generator lists included: with per-row groups or generator lists the step itself runs, group by
+        group, with the processors not from transformers recorded as they run (`_explain_groups`); with one
+        draw the fast path hands back their recorded outputs instead of running them again.
+        `explain_step` is this, shown.
 
         >>> from hfbridge._step.sampler import Sampler
         >>> trace, tokens = Sampler(top_k=1, do_sample=True).explain(None, torch.tensor([[0.0, 3.0, 1.0]]))
