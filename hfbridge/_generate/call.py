@@ -75,7 +75,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     do_sample = config_options.pop("do_sample", None)
     # An HF model's own generation_config supplies the defaults, merged by HF's code (`HFModel.host`).
     host = adapter.host(device) if isinstance(adapter, HFModel) else ProcessorHost(device=device)
-    check_carried_options(host.generation_config, where="in the model's `generation_config`")
+    check_carried_options(host.generation_config, where="in the model's `generation_config`",
+                          set_by_call=[*config_options, *(per_row.values if per_row is not None else ())])
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", host=host,
                                     **config_options)

@@ -133,11 +133,12 @@ def check_option_values(options: Mapping[str, Any], *, where: str = "") -> None:
         raise type(error)(f"{str(error).rstrip('.')} ({where}).") from None
 
 
-def check_config_options(config: Any, *, where: str) -> None:
+def check_config_options(config: Any, *, where: str, names: Iterable[str] | None = None) -> None:
     """`check_option_values` for every option a `GenerationConfig` carries that a keyword would be checked for.
 
     The one check of a passed `generation_config` and of a model's own: the registry's rows and every other option
-    `check_options` knows, read off `config` (None: nothing to check). Errors name the option and `where`.
+    `check_options` knows (or only `names`), read off `config` (None: nothing to check). Errors name the option and
+    `where`.
 
     >>> from transformers import GenerationConfig
     >>> check_config_options(GenerationConfig(top_k=True), where="in the model's `generation_config`")
@@ -147,7 +148,7 @@ def check_config_options(config: Any, *, where: str) -> None:
     """
     if config is None:
         return
-    names = dict.fromkeys((*ROWS, *CHECKED_OPTIONS))  # the registry's rows, then HF's other options
+    names = dict.fromkeys((*ROWS, *CHECKED_OPTIONS) if names is None else names)  # the registry's rows, HF's others
     check_option_values({name: getattr(config, name, None) for name in names}, where=where)
 
 

@@ -86,3 +86,17 @@ def test_per_row_values_in_a_passed_config_are_the_keywords(gpt2, kind):
         assert torch.equal(ours[row:row + 1], theirs)
     assert type(config.temperature) is type(before.temperature)  # the caller's config is not modified
     assert np.array_equal(np.asarray(config.temperature), np.asarray(before.temperature))
+
+
+def test_a_keyword_replaces_the_models_value_before_any_check(gpt2):
+    # HF's merge takes the call's value: the model's own is never used, so it is not refused
+    saved = copy.deepcopy(gpt2.generation_config)
+
+    def run():
+        return generate(gpt2, PROMPTS, max_new_tokens=4, do_sample=True, temperature=0.7, top_k=5,
+                        generator=torch.Generator().manual_seed(5))
+
+    expected = run()
+    gpt2.generation_config.temperature, gpt2.generation_config.top_k = INF, True
+    assert torch.equal(run(), expected)
+    gpt2.generation_config = saved
