@@ -15,6 +15,7 @@ ValueError: `input_ids` must be (batch, seq), got shape (3,) (for one prompt, pa
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -25,7 +26,8 @@ from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.layout import Layout
-from hfbridge._step.option_checks import check_flag, check_option_values, check_options, check_tokenizer, did_you_mean
+from hfbridge._step.option_checks import check_config_options, check_flag, check_options, check_tokenizer, did_you_mean
+from hfbridge._step.option_table import ROWS
 from hfbridge._step.per_row_draw import check_generators
 
 __all__ = ["check_carried_options", "check_config", "check_input_ids", "checked_arguments", "has_default_max_length",
@@ -157,22 +159,22 @@ def check_config(config: GenerationConfig, tokenizer: Any) -> None:
         )
 
 
-def check_carried_options(config: GenerationConfig | None, *, where: str) -> None:
+def check_carried_options(config: GenerationConfig | None, *, where: str, set_by_call: Iterable[str] = ()) -> None:
     """Options carried by a `GenerationConfig` that HF's merge copies without a check, checked as keywords are.
 
-    An HF model's own `generation_config` supplies defaults; HF copies its extra attributes (the
-    options of `hfbridge.processors`' samplers) onto the call's config unchecked, so a wrong value
-    there (`mirostat=1`) would otherwise be used, or ignored, silently. Errors name the option and
-    `where` it was set.
+    An HF model's own `generation_config` supplies defaults; HF's merge copies its values (HF's options and the
+    extra attributes of `hfbridge.processors`' samplers) onto the call's config without hfbridge's checks, so a
+    wrong value there (`temperature=inf`, `top_k=True`, `mirostat=1`) would otherwise run, fail inside torch or be
+    ignored. Every option of the registry (`option_table.ROWS`: the ones the step reads) is checked as a keyword
+    is (`option_checks.check_config_options`), except those the call sets itself (`set_by_call`: they replace the
+    model's); errors name the option and `where` it was set.
 
     >>> check_carried_options(GenerationConfig(top_n_sigma=-1.0), where="in the model's `generation_config`")
     Traceback (most recent call last):
     ...
     ValueError: `top_n_sigma` must be > 0.0, got -1.0 (in the model's `generation_config`).
     """
-    if config is None:
-        return
-    check_option_values({name: getattr(config, name, None) for name in COMMUNITY_OPTIONS}, where=where)
+    check_config_options(config, where=where, names=[name for name in ROWS if name not in set(set_by_call)])
 
 
 def checked_arguments(adapter: ModelAdapter, input_ids: Any, *, attention_mask: Any, generation_config: Any,

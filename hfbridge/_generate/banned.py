@@ -190,6 +190,14 @@ class BannedStrings:
         index = length - self._prompt()
         return [(row, token) for row, state in enumerate(self._rows) for token in state.forbidden.get(index, ())]
 
+    def forbidding(self, row: int, length: int) -> list[tuple[str, Rewind]]:
+        """`(kind, rollback)` for each rollback whose token is forbidden in `row` at the position of sequence length
+        `length`; kind: "string" or "pattern"."""
+        tokens = self._rows[row].forbidden.get(length - self._prompt(), set()) if row < len(self._rows) else set()
+        kinds = {ban.source: ban.kind for ban in self.bans}
+        return [(kinds.get(rewind.ban, "string"), rewind) for rewind in self.rewinds
+                if rewind.row == row and rewind.position == length and rewind.token in tokens]
+
     def mask(self, length: int, scores: torch.Tensor) -> torch.Tensor:
         """`scores` `(rows, vocab)` with -inf where `forbidden(length)` says (a copy when any; else `scores`)."""
         pairs = self.forbidden(length)

@@ -115,6 +115,25 @@ class BannedLoop:
             self.generators[row].set_state(state)
         return self.bans.force(sequences.shape[1], tokens)
 
+    def named(self, step: int, row: int, length: int, processors: list[str]) -> ValueError | None:
+        """The error for row `row` left with nothing to choose at sequence length `length` when bans forbade tokens
+        there (the processors removed every other one: a thinking budget forcing banned text); None otherwise."""
+        rewinds = self.bans.forbidding(row, length)
+        if not rewinds:
+            return None
+        bans = " and ".join(dict.fromkeys(f"the banned {kind} {rewind.ban!r}" for kind, rewind in rewinds))
+        tokens = ", ".join(f"{rewind.token} ({self.bans.tokenizer.decode([rewind.token])!r})" for _, rewind in rewinds)
+        forced = ""
+        if "ThinkingBudgetLogitsProcessor" in processors:
+            forced = (" `thinking_budget` ran out: ThinkingBudgetLogitsProcessor forces the end of thinking here "
+                      "(`thinking_end`, after `thinking_budget_message` if any), which the ban forbids.")
+        plural = "tokens" if len(rewinds) > 1 else "token"
+        return ValueError(
+            f"generate(): at step {step}: row {row} has nothing left to choose at position {length}: {bans} "
+            f"forbade {plural} {tokens} there after a rollback, and the logits processors {processors} removed "
+            f"every other token.{forced} Drop the ban, or the option that forces the banned text."
+        )
+
     def after_step(self, call: Any, adapter: ModelAdapter, finished: Any, stop: bool, bar: Any) -> bool:
         """Check the new tokens; roll back when a row holds a ban. Returns whether the loop stops now."""
         if not self.checked:

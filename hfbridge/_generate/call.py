@@ -42,6 +42,7 @@ from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.option_checks import per_row_from_config
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.phase_options import check_thinking_options, expand_thinking_options
 from hfbridge._step.sampler import Sampler
@@ -61,7 +62,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
     kwargs, guidance = split_guidance(options.kwargs)
     kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
-    kwargs, per_row = split_per_row(kwargs)  # one value per prompt (`_step/per_row.py`)
+    # one value per prompt (`_step/per_row.py`), a passed config's read as the keyword's
+    kwargs, per_row = split_per_row(per_row_from_config(generation_config, kwargs))
     thinking = check_thinking_options(options.thinking_options)  # by name; values when its samplers are built
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
@@ -75,7 +77,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     do_sample = config_options.pop("do_sample", None)
     # An HF model's own generation_config supplies the defaults, merged by HF's code (`HFModel.host`).
     host = adapter.host(device) if isinstance(adapter, HFModel) else ProcessorHost(device=device)
-    check_carried_options(host.generation_config, where="in the model's `generation_config`")
+    check_carried_options(host.generation_config, where="in the model's `generation_config`",
+                          set_by_call=[*config_options, *(per_row.values if per_row is not None else ())])
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", host=host,
                                     **config_options)

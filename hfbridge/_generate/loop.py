@@ -141,7 +141,9 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
             # a streamer has waited for the tokens anyway: check every step so that it never sees more
             stop = finished.after_step(call.sequences, call.scores, step=step, force_read=read_every_step)
         except InvalidRows as bad:
-            raise _invalid_error(bad, sampler, rows_expected) from None
+            named = None if banned is None else banned.named(  # a ban forbade what the processors kept
+                bad.step, bad.row, call.sequences.shape[1] - 1, [type(p).__name__ for p in sampler.processors])
+            raise (named or _invalid_error(bad, sampler, rows_expected)) from None
         if banned is not None:
             stop = banned.after_step(call, adapter, finished, stop, bar)  # may roll the batch back
         step += 1

@@ -19,7 +19,13 @@ from transformers import GenerationConfig, LogitsProcessorList
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step import community_options
 from hfbridge._step.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
-from hfbridge._step.option_checks import CHECKED_OPTIONS, check_flag, check_option_values, did_you_mean
+from hfbridge._step.option_checks import (
+    check_config_options,
+    check_flag,
+    check_option_values,
+    did_you_mean,
+    warn_without_effect,
+)
 from hfbridge._step.option_table import ROWS, hf_sampling_options, plain_options
 from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
@@ -125,10 +131,18 @@ def make_generation_config(
     community, options = community_options.split_options(options)  # hfbridge.processors' options
     check_option_names(options, step_option_names() if accepted is None else accepted, caller=caller)
     check_flag("do_sample", do_sample)
-    if do_sample is None and any(community.get(name) is not None for name in community_options.warper_options()):
-        do_sample = True  # as a sampling option of HF's would
     configs = [config for config in (generation_config, host.generation_config if host is not None else None)
                if config is not None]  # the call's, then the model's own (HF's merge fills in from it)
+    # a tuning option whose processor no option switches on does nothing: said, and it does not turn sampling on
+    given = {**options, **community}
+    idle = warn_without_effect(given, configs)
+    if generation_config is not None:  # the config's own, with the keywords' switches
+        carried = {name: getattr(generation_config, name, None) for name in community_options.OPTIONS
+                   if name not in given}
+        warn_without_effect({**carried, **given}, configs, where=" in `generation_config`", names=carried)
+    if do_sample is None and any(community.get(name) is not None and name not in idle
+                                 for name in community_options.warper_options()):
+        do_sample = True  # as a sampling option of HF's would
     top_k_passed = options.get("top_k") is not None or any(_sets_top_k(config) for config in configs)
     if not top_k_passed and any(off(community.get(name, next((getattr(config, name) for config in configs
                                                               if getattr(config, name, None) is not None), None)))
@@ -145,9 +159,7 @@ def make_generation_config(
                         f"{type(prompt_length).__name__} {prompt_length!r}.")
     check_option_values(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
     if generation_config is not None:
-        names = (*CHECKED_OPTIONS, *ROWS)
-        check_option_values({name: getattr(generation_config, name, None) for name in names},
-                            where="in `generation_config`")
+        check_config_options(generation_config, where="in `generation_config`")
         if greedy_by_temperature:
             generation_config = copy.deepcopy(generation_config)
             generation_config.temperature = None

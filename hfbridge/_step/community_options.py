@@ -20,7 +20,9 @@ processors and puts them in the chain order, by each row's `place`:
 6. `sampler_order` (llama.cpp's `--samplers`), last: the named samplers trade places
    (`_step/sampler_order.py`).
 
-The warpers (2-4) apply when sampling, as HF's; passing one of their options turns sampling on.
+The warpers (2-4) apply when sampling, as HF's; passing one of their options turns sampling on, except an option
+that only tunes a processor no option switches on (`xtc_threshold` without `xtc_probability`): that one does
+nothing, and a `UserWarning` says so (`option_checks.warn_without_effect`).
 
 >>> sorted(OPTIONS)[:3]
 ['adaptive_decay', 'adaptive_target', 'dry_allowed_length']

@@ -25,16 +25,18 @@ ValueError: `mirostat` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), go
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hfbridge._step.option_table import ROWS
+from hfbridge._step.option_table import ROWS, per_row_options, setting, without_effect
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
 from hfbridge.processors._rows import plain
 
-__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_flag", "check_number", "check_option_values", "check_options",
-           "check_token_ids_in_vocab", "did_you_mean", "got", "is_int", "token_id_options"]
+__all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_config_options", "check_flag", "check_number",
+           "check_option_values", "check_options", "check_token_ids_in_vocab", "did_you_mean", "got", "is_int",
+           "per_row_from_config", "token_id_options", "warn_without_effect"]
 
 # Options read as flags: a bool or None.
 _FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_dict_in_generate", "output_scores",
@@ -129,6 +131,66 @@ def check_option_values(options: Mapping[str, Any], *, where: str = "") -> None:
         if not where:
             raise
         raise type(error)(f"{str(error).rstrip('.')} ({where}).") from None
+
+
+def check_config_options(config: Any, *, where: str, names: Iterable[str] | None = None) -> None:
+    """`check_option_values` for every option a `GenerationConfig` carries that a keyword would be checked for.
+
+    The one check of a passed `generation_config` and of a model's own: the registry's rows and every other option
+    `check_options` knows (or only `names`), read off `config` (None: nothing to check). Errors name the option and
+    `where`.
+
+    >>> from transformers import GenerationConfig
+    >>> check_config_options(GenerationConfig(top_k=True), where="in the model's `generation_config`")
+    Traceback (most recent call last):
+    ...
+    TypeError: `top_k` must be an int, got bool True (in the model's `generation_config`).
+    """
+    if config is None:
+        return
+    names = dict.fromkeys((*ROWS, *CHECKED_OPTIONS) if names is None else names)  # the registry's rows, HF's others
+    check_option_values({name: getattr(config, name, None) for name in names}, where=where)
+
+
+def per_row_from_config(generation_config: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` (keywords) with the per-row values a passed `generation_config` carries added, as keywords.
+
+    HF's `GenerationConfig` holds a list (or tuple, NumPy array, tensor) where one value per row goes, but its
+    own checks and processors take one number: `Sampler`, `sample_step` and `generate` read such a value as the
+    keyword (`split_per_row` then parses it), so one value per row means the same wherever it was set. A keyword
+    wins over the config, as in HF's merge.
+
+    >>> from transformers import GenerationConfig
+    >>> per_row_from_config(GenerationConfig(temperature=[0.5, 1.3], top_k=4), {"top_p": 0.9})
+    {'top_p': 0.9, 'temperature': [0.5, 1.3]}
+    """
+    options = dict(options)
+    for name in per_row_options():
+        value = getattr(generation_config, name, None) if generation_config is not None else None
+        if name not in options and (isinstance(value, (list, tuple)) or bool(getattr(value, "ndim", 0))):
+            check_option_values({name: value}, where="in `generation_config`")
+            options[name] = value
+    return options
+
+
+def warn_without_effect(passed: Mapping[str, Any], sources: Sequence[Any], *, where: str = "",
+                        names: Iterable[str] | None = None) -> list[str]:
+    """A `UserWarning` for each option of `passed` without effect (`without_effect`) whose switches are not set at
+    all (a switch set to its off value, as llama.cpp's full settings pass them, says the caller knows); returns the
+    names of every option without effect. `names`: warn for these options of `passed` only (default: all)."""
+    idle = without_effect(passed, sources)
+    for name, switches in idle.items():
+        if (names is not None and name not in names) or any(
+                setting(switch, passed, sources) is not None for switch in switches):
+            continue
+        kinds = " / ".join(dict.fromkeys(ROWS[name].classes))
+        either = ", ".join(f"`{switch}`" for switch in switches[:-1])
+        either = f"{either} or `{switches[-1]}`" if either else f"`{switches[-1]}`"
+        sampling = " (and does not turn sampling on)" if ROWS[name].sampling else ""
+        warnings.warn(f"`{name}` is set to {plain(passed[name])!r}{where}, but it only tunes {kinds}, which {either} "
+                      f"turns on: alone it does nothing{sampling}. Set {either}, or unset `{name}`.", UserWarning,
+                      stacklevel=4)
+    return list(idle)
 
 
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:

@@ -7,7 +7,8 @@ bounds, what its processor needs besides (a tokenizer, the prompt's length, the 
 temperature), its place in the chain and how it rides a `GenerationConfig` (an HF field, or an
 extra attribute HF keeps). Every other table is derived from `ROWS`:
 
-- `sampling_options()`: the options that turn sampling on when passed (HF's warpers and ours);
+- `sampling_options()`: the options that turn sampling on when passed (HF's warpers and ours; a tuning option
+  only with one of its `switches_of` on);
 - `per_row_options()`: the options that take one value per row;
 - `sampling_processors()`: the classes a greedy row never runs;
 - `community_rows()`: the rows of `hfbridge.processors`' samplers (built by `community_options`).
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hfbridge._step import sampler_order
@@ -50,7 +51,8 @@ from hfbridge.processors._rows import RowParam, described, plain
 from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
 
 __all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "per_row_options",
-           "plain_options", "register", "sampling_options", "sampling_processors", "unregister"]
+           "plain_options", "register", "sampling_options", "sampling_processors", "setting", "switches_of",
+           "unregister", "without_effect"]
 
 # Where a processor goes in HF's chain (`community_options.add_processors` places them): "hf": HF builds it;
 # "first": first (after HF's guidance); "penalties": right after HF's repetition penalty; "temperature": in place
@@ -80,6 +82,8 @@ class OptionRow:
         check: An extra check `(name, value) -> None` (types the bounds cannot say).
         carried: "field" (a field of HF's `GenerationConfig`) or "attribute" (an extra attribute HF keeps).
         is_off: For a switch whose "off" is a range (`adaptive_target < 0`): `value -> bool`, instead of `off`.
+        switched_by: For a tuning option, options besides its processor's switches that give it its effect
+            (`penalty_last_n` with `repetition_penalty`); `switches_of` adds the switches.
     """
 
     name: str
@@ -98,6 +102,7 @@ class OptionRow:
     check: Callable[[str, Any], None] | None = None
     carried: str = "attribute"
     is_off: Callable[[Any], bool] | None = None
+    switched_by: tuple[str, ...] = ()
 
     @property
     def community(self) -> bool:
@@ -215,7 +220,7 @@ _ROWS = [
           needs=("prompt_length",)),
     _ours("frequency_penalty", _PENALTIES, "frequency_penalty", 0.0, off=0.0, switch=True, place="penalties"),
     _ours("penalty_last_n", _PENALTIES, "penalty_last_n", None, integer=True, bounds={"minimum": -1},
-          place="penalties"),
+          place="penalties", switched_by=("repetition_penalty",)),
     _ours("dry_multiplier", DRYLogitsProcessor, "multiplier", 0.0, off=0.0, switch=True, place="penalties",
           bounds={"minimum": 0.0}, needs=("tokenizer",)),
     _ours("dry_base", DRYLogitsProcessor, "base", 1.75, bounds={"minimum": 1.0}, place="penalties"),
@@ -293,6 +298,51 @@ def sampling_options() -> tuple[str, ...]:
 def hf_sampling_options() -> tuple[str, ...]:
     """HF's own options among `sampling_options` (HF's warpers)."""
     return tuple(name for name, row in ROWS.items() if row.sampling and not row.community)
+
+
+def switches_of(name: str) -> tuple[str, ...]:
+    """The options that give a tuning option its effect: the switches of the processors it configures (and its
+    `switched_by`); () for an option that acts alone (a switch, HF's options, `sampler_order`).
+
+    >>> switches_of("xtc_threshold"), switches_of("penalty_last_n"), switches_of("top_k")
+    (('xtc_probability',), ('presence_penalty', 'frequency_penalty', 'repetition_penalty'), ())
+    """
+    row = ROWS[name]
+    if row.switch or not row.community or row.place == "order":
+        return ()
+    classes = set(row.classes)
+    switches = [other.name for other in ROWS.values() if other.switch and classes & set(other.classes)]
+    return (*switches, *row.switched_by)
+
+
+def without_effect(passed: Mapping[str, Any], sources: Sequence[Any]) -> dict[str, tuple[str, ...]]:
+    """The tuning options in `passed` (set, not None) that do nothing, each with the options that would switch
+    them on (`switches_of`), none of which is on in `passed` or `sources` (configs, in the order they take
+    precedence). Such an option does not turn sampling on; `option_checks.warn_without_effect` says so.
+
+    >>> without_effect({"xtc_threshold": 0.2}, []), without_effect({"xtc_threshold": 0.2, "xtc_probability": 0.5}, [])
+    ({'xtc_threshold': ('xtc_probability',)}, {})
+    """
+    idle = {}
+    for name, given in passed.items():
+        switches = switches_of(name) if given is not None and name in ROWS else ()
+        if switches and not any(_on(switch, setting(switch, passed, sources)) for switch in switches):
+            idle[name] = switches
+    return idle
+
+
+def setting(name: str, passed: Mapping[str, Any], sources: Sequence[Any]) -> Any:
+    """The value of option `name`: `passed`'s, else the first of `sources` (configs) that sets it, else None."""
+    if passed.get(name) is not None:
+        return passed[name]
+    return next((getattr(source, name) for source in sources if getattr(source, name, None) is not None), None)
+
+
+def _on(name: str, value: Any) -> bool:
+    try:
+        return ROWS[name].active(plain(value))
+    except (TypeError, ValueError):  # a wrong value: its own check names it, later
+        return True
 
 
 def per_row_options() -> tuple[str, ...]:

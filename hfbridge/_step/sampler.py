@@ -20,8 +20,7 @@ from hfbridge._step.caller_inputs import extract_logits, keeps_ids_intact
 from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
-from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
-from hfbridge._step.option_table import per_row_options
+from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab, per_row_from_config
 from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators
@@ -109,11 +108,8 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         **generation_kwargs: Any,
     ):
         thinking = check_thinking_options(thinking_options)  # by name, before any work
-        for name in per_row_options():  # one value per row in a passed config rides the same per-row groups
-            value = getattr(generation_config, name, None) if generation_config is not None else None
-            if name not in generation_kwargs and (isinstance(value, (list, tuple)) or bool(getattr(value, "ndim", 0))):
-                check_option_values({name: value}, where="in `generation_config`")
-                generation_kwargs[name] = value
+        # one value per row in a passed config rides the same per-row groups as the keyword
+        generation_kwargs = per_row_from_config(generation_config, generation_kwargs)
         generation_kwargs, per_row = split_per_row(generation_kwargs)  # one value per row: `_per_row.py`
         config = make_generation_config(
             generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs

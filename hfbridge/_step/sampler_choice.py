@@ -11,6 +11,7 @@ flag read by `check_rows`). `Sampler` (`_step/sampler.py`) inherits it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -21,7 +22,6 @@ from hfbridge._step.fast.fast_path import fast_draw
 from hfbridge._step.per_row_draw import choose_rows, fast_rows
 from hfbridge._step.processor_list import CheckedProcessorList, processor_name
 from hfbridge._step.row_errors import invalid_rows_error
-from hfbridge._step.sampler_state import replayed
 
 
 class StepChoice:
@@ -183,12 +183,13 @@ class StepChoice:
         return result.tokens
 
     def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: LogitsProcessorList, lent: bool,
-                   head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
+                   head_output: torch.Tensor | None = None,
+                   recorder: Callable[[Any, torch.Tensor], list] | None = None) -> Any:
         """The fast path per group (or per row): the chain's places before its first warper run once on the
         whole batch (guidance, penalties, your processors: exactly as exact mode runs them), then each
         group's own warpers, fused, on its rows alone (`per_row_draw.fast_rows`). `head_output`: those
-        places' output when already computed; `replays`: outputs to hand back instead of running a processor
-        again (by the processor's place in the chain), for `explain`."""
+        places' output when already computed; `recorder`: `(a group's processors, its rows' index) -> processors`
+        wrapping them, so that `explain` records this very run."""
         start = self._head_length
         if head_output is not None:
             scores, lent = head_output, False
@@ -198,12 +199,9 @@ class StepChoice:
         else:
             scores = rows
         units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, start)
-        if replays:
-            for (_, original), (copied, _) in self._rows.copies.items():
-                if original in replays and id(copied) not in replays:
-                    replays[id(copied)] = replays[original]
-            units = [(index, row_list, LogitsProcessorList(replayed(own, replays, index, start, processors)),
-                      samples, generator, memo) for index, row_list, own, samples, generator, memo in units]
+        if recorder is not None:
+            units = [(index, row_list, LogitsProcessorList(recorder(own, index)), samples, generator, memo)
+                     for index, row_list, own, samples, generator, memo in units]
         return fast_rows(input_ids, scores, units, read_only=lent)
 
 

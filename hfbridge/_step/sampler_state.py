@@ -30,7 +30,7 @@ from hfbridge._step.processor_list import check_processor_output
 from hfbridge._step.route import Route
 from hfbridge.processors._stateful import is_stateful
 
-__all__ = ["SamplerState", "StepResult", "first_warper", "invalid_flags", "replayed"]
+__all__ = ["SamplerState", "StepResult", "first_warper", "invalid_flags"]
 
 
 @dataclasses.dataclass
@@ -83,7 +83,8 @@ class SamplerState:
         raise NotImplementedError
 
     def _fast_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: Any, lent: bool,
-                   head_output: torch.Tensor | None = None, replays: dict[int, torch.Tensor] | None = None) -> Any:
+                   head_output: torch.Tensor | None = None,
+                   recorder: Callable[[Any, torch.Tensor], list] | None = None) -> Any:
         raise NotImplementedError
 
     def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
@@ -170,8 +171,10 @@ class SamplerState:
 
         Each processor runs once (a stateful one, yours included, takes one step); the tokens are the
         ones `next_tokens` returns for the same state and seed, exact or fast, per-row groups and
-        generator lists included (the fast path hands back the recorded outputs of processors not from
-        transformers instead of running them again). `explain_step` is this, shown.
+        generator lists included: with per-row groups or generator lists the step itself runs, group by
+        group, with the processors not from transformers recorded as they run (`_explain_groups`); with one
+        draw the fast path hands back their recorded outputs instead of running them again.
+        `explain_step` is this, shown.
 
         >>> from hfbridge._step.sampler import Sampler
         >>> trace, tokens = Sampler(top_k=1, do_sample=True).explain(None, torch.tensor([[0.0, 3.0, 1.0]]))
@@ -187,29 +190,21 @@ class SamplerState:
         self._check_rows_per_row(rows.shape[0])
         self._batch_rows = rows.shape[0]
         route = self.route()
-        if route is Route.FAST and self._plan is not None:
-            self._check_coins_replayable(processors, rows)
         ids = cast(torch.LongTensor, input_ids)
         scores = self._float_copy(rows)  # [N, V]
         outputs: list[tuple[Any, torch.Tensor]] = []
-        for index, processor in enumerate(processors):
+        grouped = route is Route.FAST and (self._plan is not None or isinstance(self.generator, (list, tuple)))
+        # grouped: the head (the places before the first warper) here, the rest recorded as the step runs it
+        for index, processor in enumerate(processors[:self._head_length] if grouped else processors):
             scores = check_processor_output(processor, scores, processor(ids, scores.clone()), index=index)
             outputs.append((processor, scores))
         if route is not Route.FAST:
             return outputs, self._choose_recorded(route, scores, rows)
         from hfbridge._step.fast.fast_path import fast_draw
 
-        replays: dict[int, torch.Tensor] = {}
-        for processor, output in outputs:
-            replays[id(processor)] = output
-            for part, _ in getattr(processor, "parts", ()):
-                if part is not None:
-                    replays[id(part)] = output
         result: Any
-        if self._plan is not None or isinstance(self.generator, (list, tuple)):
-            start = self._head_length
-            head = outputs[start - 1][1].clone() if start else None
-            result = self._fast_rows(input_ids, rows, processors, False, head_output=head, replays=replays)
+        if grouped:
+            result = self._explain_groups(ids, rows, processors, outputs)
         else:
             replayed = LogitsProcessorList(p if _from_transformers(p) else _Replay(output, None)
                                            for p, output in outputs)
@@ -241,20 +236,43 @@ class SamplerState:
         self._check_rows_per_row(rows.shape[0])
         return self._phases.explain(input_ids, rows)
 
-    def _check_coins_replayable(self, processors: Any, rows: torch.Tensor) -> None:
-        """Refuse what `explain` cannot record exactly: XTC's coins drawn group by group in the fast step.
+    def _explain_groups(self, ids: torch.LongTensor, rows: torch.Tensor, processors: Any,
+                        outputs: list[tuple[Any, torch.Tensor]]) -> Any:
+        """The grouped fast step (per-row groups, or a generator per row) run as `next_tokens` runs it, recorded.
 
-        The fast step draws each group's XTC coins and then its tokens, group after group, from the one
-        generator; a recording runs XTC on the whole batch before any draw, so its coins would come from
-        other places of the random stream and the recorded token could differ from `next_tokens`'.
+        `outputs` holds the head's outputs (the places before the first warper, run once on the whole batch, as the
+        step runs them). The step then runs each group's processors in its own order and draws group after group
+        from the generator (XTC's coins between the draws included), with every processor not from transformers
+        recording the rows it produced; the rest of the trace is HF's pure processors run again on the whole batch
+        and those recordings handed back, so nothing draws twice or steps twice and the token is the step's own.
         """
-        units = self._rows.units(processors, self.generator, rows.shape[0], rows.device, self._head_length)
-        if len(units) > 1 and any(type(p).__name__ == "XTCLogitsWarper" for unit in units for p in unit[2]):
-            raise NotImplementedError(
-                "explain_step cannot yet record this step exactly: with fast=True and per-row values that split the "
-                "batch into groups, XTC draws its coins group by group between the groups' draws, which a "
-                "recording cannot replay. Pass fast=False (the same distribution; the recorded token is then "
-                "exact mode's, as sample_step(fast=False) draws it), or explain a step without XTC.")
+        start = self._head_length
+        head = outputs[-1][1].clone() if start else None
+        recorded: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+        def recorder(own: Any, index: torch.Tensor) -> list:
+            return [p if _from_transformers(p) else _Recorder(p, index, recorded) for p in own]
+
+        result = self._fast_rows(ids, rows, processors, False, head_output=head, recorder=recorder)
+        scores = outputs[-1][1] if start else self._float_copy(rows)  # [N, V]
+        for place, processor in enumerate(processors[start:], start):
+            if _pure(processor):  # a function of (input_ids, scores): the same output again
+                output = check_processor_output(processor, scores, processor(ids, scores.clone()), index=place)
+            else:
+                output = scores.clone()  # rows it never ran on (greedy rows, rows whose values leave it off) keep
+                for leaf in self._leaves(processor):
+                    for index, rows_out in recorded.get(leaf, ()):
+                        output[index.to(output.device)] = rows_out
+            outputs.append((processor, output))
+            scores = output
+        return result
+
+    def _leaves(self, processor: Any) -> set[int]:
+        """The ids of what runs in the step for one processor of the chain: itself, its groups' parts and the
+        per-row copies of either."""
+        leaves = {id(processor)} | {id(part) for part, _ in getattr(processor, "parts", ()) if part is not None}
+        leaves |= {id(copied) for copied in getattr(processor, "by_row", {}).values()}
+        return leaves | {id(copied) for (_, original), (copied, _) in self._rows.copies.items() if original in leaves}
 
 
 def first_warper(processors: Sequence[Any]) -> int:
@@ -291,12 +309,24 @@ class _Replay:
         return self.output.index_select(0, self.index.to(self.output.device))  # [n, V]
 
 
-def replayed(own: Sequence[Any], replays: dict[int, torch.Tensor], index: torch.Tensor, start: int,
-              processors: Sequence[Any]) -> list[Any]:
-    """A unit's tail with every processor not from transformers replaced by its recorded output's rows."""
-    del start, processors
-    return [processor if _from_transformers(processor) or id(processor) not in replays
-            else _Replay(replays[id(processor)], index) for processor in own]
+class _Recorder:
+    """Runs a processor not from transformers inside the step and keeps a copy of the rows it produced."""
+
+    def __init__(self, processor: Any, index: torch.Tensor, recorded: dict[int, list]):
+        self.processor, self.index, self.recorded = processor, index, recorded
+
+    def __call__(self, input_ids: Any, scores: torch.Tensor) -> torch.Tensor:
+        output = check_processor_output(self.processor, scores, self.processor(input_ids, scores))  # [n, V]
+        self.recorded.setdefault(id(self.processor), []).append((self.index, output.clone()))  # the step writes on
+        return output
+
+
+def _pure(processor: Any) -> bool:
+    """HF's processor, or a per-row split of HF's processors only: running it again gives the same output."""
+    parts = getattr(processor, "parts", None)
+    if parts is None or getattr(processor, "by_row", None) is not None:
+        return _from_transformers(processor)
+    return all(part is None or _from_transformers(part) for part, _ in parts)
 
 
 def _from_transformers(processor: Any) -> bool:

@@ -471,3 +471,20 @@ def test_each_row_equals_that_row_alone_with_other_features(case):
         assert (out[row, alone.shape[1]:] == 1).all()  # padding after an early end
     for text in _texts(out, 2):
         assert leftmost_decided(text, ["ab", "c d", "ee"], [r"[ce]{2}"], final=True) is None
+
+
+@pytest.mark.parametrize(("ban", "step", "named"), [
+    (dict(banned_strings=["x"]), 3, "the banned string 'x'"),
+    (dict(banned_regex=["x "]), 5, "the banned pattern 'x '"),
+])
+def test_a_ban_on_the_text_a_thinking_budget_forces_is_named(ban, step, named):
+    """The budget forces its end tag ("x", " ") where a rollback forbade "x": the error names the ban and the budget."""
+    with pytest.raises(ValueError) as caught:
+        generate(TinyRecompute(TinyCore(vocab=V, seed=3)), torch.tensor([[5, 9]]), max_new_tokens=8, tokenizer=TOK,
+                 thinking_budget=2, thinking_start=[9], thinking_end=[31, 7], **ban)
+    assert str(caught.value) == (
+        f"generate(): at step {step}: row 0 has nothing left to choose at position 4: {named} forbade token 31 ('x') "
+        "there after a rollback, and the logits processors ['ThinkingBudgetLogitsProcessor'] removed every other "
+        "token. `thinking_budget` ran out: ThinkingBudgetLogitsProcessor forces the end of thinking here "
+        "(`thinking_end`, after `thinking_budget_message` if any), which the ban forbids. Drop the ban, or the "
+        "option that forces the banned text.")

@@ -99,23 +99,57 @@ def test_explain_step_records_the_token_sample_step_returns(fast, generators):
 
 
 @pytest.mark.parametrize("fast", [False, True])
-@pytest.mark.parametrize("per_row", [dict(temperature=[0.7, 1.0, 0.7, 1.3]),  # one fast draw on CPU: coins as recorded
+@pytest.mark.parametrize("per_row", [dict(temperature=[0.7, 1.0, 0.7, 1.3]),  # one fast draw on CPU
                                      dict(top_p=[0.9, 0.95, 0.9, 0.95]),  # the same
+                                     # groups drawn one after another, each after its own XTC coins
                                      dict(min_p=[0.05, 0.1, 0.05, 0.1]), dict(xtc_threshold=[0.05, 0.1, 0.1, 0.05])])
-def test_explain_step_with_xtc_records_the_token_or_refuses(fast, per_row):
+def test_explain_step_with_xtc_records_the_token(fast, per_row):
     options = dict(temperature=0.8, xtc_threshold=0.05, xtc_probability=0.5, top_k=0, fast=fast)
     options.update(per_row)
-    # groups drawn one after another, each after its own coins
-    splits = fast and ("min_p" in per_row or "xtc_threshold" in per_row)
     for seed in range(12):
         x, ids = logits(4, seed=seed), ids_of(4)
         returned = sample_step(x, ids, generator=G(seed), **options).tolist()
         for row in range(4):
-            if splits:
-                with pytest.raises(NotImplementedError, match="XTC draws its coins group by group"):
-                    explain_step(x, ids, row=row, generator=G(seed), **options)
-            else:
-                assert explain_step(x, ids, row=row, generator=G(seed), **options).token == returned[row]
+            assert explain_step(x, ids, row=row, generator=G(seed), **options).token == returned[row]
+
+
+@st.composite
+def _explained(draw):
+    """Options for `explain_step` against `sample_step`: per-row groups, XTC, fast or exact, seeded generators."""
+    rows = draw(st.integers(2, 4))
+
+    def per_row_or_one(values):
+        return draw(st.one_of(st.sampled_from(values), st.lists(st.sampled_from(values), min_size=rows,
+                                                                 max_size=rows)))
+
+    options = {}
+    for name, values in [("temperature", [0.0, 0.5, 1.0, 1.5]), ("top_k", [0, 3, 10]), ("top_p", [0.5, 0.9, 1.0]),
+                         ("min_p", [0.0, 0.05, 0.2]), ("repetition_penalty", [1.0, 1.3])]:
+        if draw(st.booleans()):
+            options[name] = per_row_or_one(values)
+    xtc = draw(st.booleans())
+    if xtc:
+        options["xtc_threshold"] = per_row_or_one([0.05, 0.1, 0.3])
+        options["xtc_probability"] = per_row_or_one([0.0, 0.5, 1.0])
+    # XTC draws its coins from one generator; without it, one generator per row may be drawn too
+    per_row_generators = not xtc and draw(st.booleans())
+    return rows, options, draw(st.booleans()), per_row_generators, draw(st.integers(0, 1000))
+
+
+@settings(max_examples=30, deadline=None)
+@given(_explained())
+def test_explain_step_records_the_token_sample_step_returns_for_drawn_combinations(case):
+    rows, options, fast, per_row_generators, seed = case
+    x, ids = logits(rows, seed=seed), ids_of(rows, seed=seed + 1)
+
+    def generator():
+        return [G(seed + r) for r in range(rows)] if per_row_generators else G(seed)
+
+    returned = sample_step(x, ids, do_sample=True, fast=fast, generator=generator(), **options).tolist()
+    for row in range(rows):
+        trace = explain_step(x, ids, row=row, do_sample=True, fast=fast, generator=generator(), **options)
+        assert trace.token == returned[row], (row, options, fast, per_row_generators)
+        assert trace.stages[-1].scores[trace.token] > float("-inf")  # the recording holds the token drawn
 
 
 def test_per_row_temperature_reaches_dynamic_temperature():
