@@ -1,8 +1,8 @@
 """Model Runner V2's processor, driven as vLLM's runner and sampler call it (`_runner_v2.py`), on a tiny Llama:
 tokens equal `hfbridge.generate` with the same options for every request, through recycled slots, rows
-reordered every step, preemption, chunked prefill and a tensor-parallel rank pair. Each test runs twice:
-with `HFBridgeLogitsProcessorV2` on vLLM's own V2 interface (where vLLM is installed: CI's vllm job), and
-with the `Slots` it wraps (everywhere). Model Runner V2 itself needs Triton, which vLLM's CPU build lacks."""
+reordered every step, preemption, chunked prefill and a tensor-parallel rank pair. Each test runs with
+`HFBridgeLogitsProcessorV2` on vLLM's own V2 interface where vLLM is installed (CI's vllm job), and with the
+`Slots` it wraps elsewhere. Model Runner V2 itself needs Triton, which vLLM's CPU build lacks."""
 
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ def config(folder, *, speculative=None):
 def engine(request, folder):
     """`(make, params)`: a rank's processor from its request state, and `SamplingParams` (or its fields)."""
     if request.param == "Slots":
+        if HAS_VLLM:
+            pytest.skip("vLLM is installed: the class that wraps `Slots` runs these (the same calls)")
         from hfbridge.vllm._requests import engine_settings
 
         def params(options=None, temperature=0.0, seed=None):
