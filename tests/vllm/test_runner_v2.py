@@ -222,3 +222,16 @@ def test_naming_the_other_runners_class_names_the_right_one(folder):
         validate(SamplingParams(temperature=0.0, extra_args={"hfbridge": {"top_kk": 3}}))
     with pytest.raises(VLLMValidationError, match=re.escape("`temperature` takes one value per request")):
         validate(SamplingParams(temperature=1.0, extra_args={"hfbridge": {"temperature": [0.5, 0.7]}}))
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (docs/vllm.md)")
+def test_a_vllm_without_model_runner_v2s_interface_names_the_v1_class(monkeypatch):
+    import sys
+
+    import hfbridge.vllm
+
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.gpu.sample.logits_processor", None)  # as if absent
+    monkeypatch.delitem(sys.modules, "hfbridge.vllm.processor_v2", raising=False)
+    with pytest.raises(ImportError, match=re.escape("its engines run the V1 runner, which takes "
+                                                    "`hfbridge.vllm.HFBridgeLogitsProcessor`")):
+        hfbridge.vllm.HFBridgeLogitsProcessorV2  # noqa: B018
