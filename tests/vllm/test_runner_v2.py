@@ -234,4 +234,4 @@ def test_a_vllm_without_model_runner_v2s_interface_names_the_v1_class(monkeypatc
     monkeypatch.delitem(sys.modules, "hfbridge.vllm.processor_v2", raising=False)
     with pytest.raises(ImportError, match=re.escape("its engines run the V1 runner, which takes "
                                                     "`hfbridge.vllm.HFBridgeLogitsProcessor`")):
-        hfbridge.vllm.HFBridgeLogitsProcessorV2  # noqa: B018
+        hfbridge.vllm.HFBridgeLogitsProcessorV2
