@@ -99,7 +99,7 @@ def expected(model, prompt, options, *, seed=None):
 
 def test_requests_through_recycled_slots_give_generates_tokens(engine, model):
     make, params = engine
-    greedy = [None, {}] + HF_GREEDY + COMMUNITY_GREEDY
+    greedy = HF_GREEDY + COMMUNITY_GREEDY + [None, {}]  # the last ones land in slots that held options
     prompts = _tiny_llama.prompts(len(greedy) + len(SAMPLED), seed=2)
     requests = [request(f"g{i}", prompts[i], options, params) for i, options in enumerate(greedy)]
     requests += [request(f"s{i}", prompts[len(greedy) + i], options, params, seed=100 + i)
