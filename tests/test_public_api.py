@@ -138,5 +138,5 @@ def test_the_strategy_table_has_a_row_per_mode_of_hf():
 def test_the_optional_vllm_wing_has_one_public_name_and_imports_without_vllm():
     import hfbridge.vllm
 
-    assert hfbridge.vllm.__all__ == ["HFBridgeLogitsProcessor"]
+    assert hfbridge.vllm.__all__ == ["HFBridgeLogitsProcessor", "HFBridgeLogitsProcessorV2"]
     assert "hfbridge.vllm" not in hfbridge.__all__

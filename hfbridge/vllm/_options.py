@@ -242,3 +242,14 @@ def build_sampler(request: RequestOptions, *, prompt_length: int | None, eos_tok
         options["dry_sequence_breakers"] = [breaker for breaker in breakers if not isinstance(breaker, str)]
     return Sampler(do_sample=request.do_sample, prompt_length=prompt_length, tokenizer=tokenizer,
                    generator=generator, **options)
+
+
+def validate_params(params: Any) -> None:
+    """`validate_params` of both runners' processors: `check_request`, every refusal a `ValueError`.
+
+    vLLM turns a `ValueError` (not a `TypeError`) into a client error, HTTP 400.
+    """
+    try:
+        check_request(params)
+    except TypeError as error:
+        raise ValueError(str(error)) from None

@@ -1,11 +1,16 @@
-"""`HFBridgeLogitsProcessor`: hfbridge's chain inside vLLM's V1 engine, per request.
+"""`HFBridgeLogitsProcessor`: hfbridge's chain inside vLLM's V1 model runner, per request.
 
-vLLM's interface (`vllm.v1.sample.logits_processor.LogitsProcessor`) in four calls, each handed to
-the modules that own the work: `validate_params` (the front end, per request: `_options.check_request`),
+vLLM's V1 interface (`vllm.v1.sample.logits_processor.LogitsProcessor`) in four calls, each handed to
+the modules that own the work: `validate_params` (the front end, per request: `_options.validate_params`),
 `__init__` (once per worker: the model's vocabulary, device, seed, tokenizer and eos), `update_state`
 (the batch's removed, added and moved rows: `_batch.Batch.update`) and `apply` (one step:
 `_batch.Batch.apply`). `is_argmax_invariant` is False: hfbridge's options change greedy choices, and
 vLLM skips argmax-invariant processors when a step is all greedy.
+
+Model Runner V2 takes another class, `HFBridgeLogitsProcessorV2` (`processor_v2`). So that naming
+this one there gives an error that says so (vLLM's own says only that the class is not a V2
+`LogitsProcessor`), the class is registered as a virtual subclass of V2's interface, and its
+`__init__`, which V2 calls with its request state instead of a device, refuses it naming the right one.
 
 >>> HFBridgeLogitsProcessor.validate_params(SamplingParams(extra_args={"hfbridge": {"top_k": 0}}))
 >>> HFBridgeLogitsProcessor.validate_params(SamplingParams(extra_args={"hfbridge": {"top_kk": 5}}))
@@ -16,28 +21,35 @@ ValueError: `top_kk` is not an hfbridge option vLLM requests take. Did you mean 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from hfbridge.vllm._batch import Batch
-from hfbridge.vllm._options import check_request
+from hfbridge.vllm._options import validate_params
+from hfbridge.vllm._requests import engine_settings, register_with
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+WRONG_RUNNER = (
+    "`hfbridge.vllm.HFBridgeLogitsProcessor` is the processor for vLLM's V1 model runner, and this engine runs "
+    "Model Runner V2 (vLLM's default where Triton runs). Name `hfbridge.vllm:HFBridgeLogitsProcessorV2` instead "
+    "(`LLM(logits_processors=[HFBridgeLogitsProcessorV2])`, `vllm serve --logits-processors "
+    "hfbridge.vllm:HFBridgeLogitsProcessorV2`), or start vLLM with VLLM_USE_V2_MODEL_RUNNER=0 to keep this one.")
+
 
 class HFBridgeLogitsProcessor(LogitsProcessor):
-    """hfbridge's samplers and HF's processors for the vLLM requests that ask for them.
+    """hfbridge's samplers and HF's processors for the vLLM requests that ask for them (V1 model runner).
 
     Pass the class (or `"hfbridge.vllm:HFBridgeLogitsProcessor"`) as `LLM(logits_processors=[...])`
     or `vllm serve --logits-processors`; each request names its options in
     `SamplingParams(extra_args={"hfbridge": {...}})`. For such a request, hfbridge's chain (the one
     `Sampler` builds, in HF's order) produces the scores and vLLM draws from them: greedy when
     `SamplingParams.temperature` is 0, a draw from their softmax when it is 1. Requests without
-    options are left as they are. See `docs/vllm.md`.
+    options are left as they are. Model Runner V2 takes `HFBridgeLogitsProcessorV2`. See `docs/vllm.md`.
     """
 
     @classmethod
@@ -48,18 +60,13 @@ class HFBridgeLogitsProcessor(LogitsProcessor):
             ValueError: for every refusal (hfbridge's `TypeError`s too, which vLLM would not turn
                 into a client error, HTTP 400).
         """
-        try:
-            check_request(sampling_params)
-        except TypeError as error:
-            raise ValueError(str(error)) from None
+        validate_params(sampling_params)
 
-    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
-        model_config = vllm_config.model_config
-        eos = getattr(model_config.hf_config, "eos_token_id", None)
-        self._batch = Batch(vocab_size=model_config.get_vocab_size(), device=device,
-                            seed=model_config.seed if model_config.seed is not None else 0,
-                            tokenizer=lambda: _load_tokenizer(model_config),
-                            default_eos=[] if eos is None else [eos] if isinstance(eos, int) else list(eos))
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool = False):
+        if hasattr(device, "all_token_ids"):  # Model Runner V2 passes its `LogitsProcRequestState`
+            raise TypeError(WRONG_RUNNER)
+        self._batch = Batch(vocab_size=vllm_config.model_config.get_vocab_size(), device=device,
+                            **engine_settings(vllm_config))
 
     def is_argmax_invariant(self) -> bool:
         """False: hfbridge's options change which token is best."""
@@ -78,9 +85,4 @@ class HFBridgeLogitsProcessor(LogitsProcessor):
         return self._batch.apply(logits)
 
 
-def _load_tokenizer(model_config: Any) -> Any:
-    """The model's tokenizer, as transformers loads it (DRY's string breakers map through it)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_config.tokenizer, revision=model_config.tokenizer_revision,
-                                         trust_remote_code=model_config.trust_remote_code)
+register_with("vllm.v1.worker.gpu.sample.logits_processor", HFBridgeLogitsProcessor)

@@ -127,7 +127,7 @@ def test_a_new_request_replaces_the_row_it_lands_on():
     batch.update(added=[(0, params({"suppress_tokens": [3]}), [5], [])])
     batch.update(added=[(0, params({"suppress_tokens": [4]}), [5], [])])
     assert batch.apply(torch.zeros(1, V))[0].isinf().nonzero().flatten().tolist() == [4]
-    assert len(batch._samplers) == 1  # the first request's chain is let go
+    assert len(batch.requests._samplers) == 1  # the first request's chain is let go
 
 
 def test_mirostat_keeps_its_state_per_request_across_moves():

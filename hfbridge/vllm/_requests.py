@@ -1,0 +1,337 @@
+"""The requests with hfbridge options that one vLLM processor holds, and one step over their rows.
+
+Both of vLLM's runners hand a logits processor its requests under an index (the V1 runner: a row of
+its persistent batch, which moves; Model Runner V2: a request slot, recycled without notice) and, at
+each step, one logits row per running request. `Requests` keeps one `Row` per index (its checked
+options, its prompt length, its stop ids, its share of a `Sampler` or a `Sampler` of its own) and
+runs a step over the rows a runner names, one `Sampler.process` call per group of rows that share a
+chain:
+
+- rows with equal options share one `Sampler`; their histories are left-padded to one width with an
+  id one past the vocabulary, whose score column (added for the call, then dropped) is `-inf`, so
+  the padding is a token that never matches and is never chosen (every processor then sees each row
+  as it would alone; `tests/vllm/test_batch.py` checks this per option);
+- rows whose options count from the end of the prompt (`min_new_tokens`, presence/frequency
+  penalties without `penalty_last_n`, ...) share a call with rows of the same prompt length and
+  length so far, without padding, through a `Sampler` built for that prompt length;
+- a request whose options keep a state across steps (mirostat), or draw with the request's own
+  `seed` (XTC), has a `Sampler` of its own, which follows that one request wherever vLLM moves it.
+
+The runners differ only in where a group's token ids come from (`_batch.Batch`: a `History` per
+request; `_slots.Slots`: vLLM's own token buffer), which each passes to `Requests.run`. Rows without
+hfbridge options are never touched. A request whose options fail in the worker (a token id outside
+the vocabulary, no tokenizer for DRY's string breakers, an error inside the chain) is logged and
+ended (its row allows only its stop tokens), so that the engine keeps serving the others.
+
+>>> import torch
+>>> from types import SimpleNamespace
+>>> params = SimpleNamespace(extra_args={"hfbridge": {"suppress_tokens": [1]}}, temperature=0.0,
+...                          all_stop_token_ids={2}, seed=None)
+>>> requests = Requests(vocab_size=4)
+>>> requests.add(7, params, prompt_length=2) is not None
+True
+>>> logits = torch.zeros(2, 4)
+>>> requests.run(logits, [Entry(row=1, key=7, length=2)], lambda group, padded: torch.tensor([[3, 3]]))
+>>> logits.tolist()
+[[0.0, 0.0, 0.0, 0.0], [0.0, -inf, 0.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import zlib
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from hfbridge._step.option_checks import check_token_ids_in_vocab
+from hfbridge._step.sampler import Sampler
+from hfbridge.vllm._options import RequestOptions, build_sampler, check_request
+
+logger = logging.getLogger(__name__)
+
+_CPU_CALL_SCORES = 1 << 17  # the most scores one chain call takes on a CPU (see `Requests.run`)
+
+
+@dataclasses.dataclass
+class Row:
+    """One request with hfbridge options, under the index vLLM gave it."""
+
+    request: RequestOptions
+    prompt_length: int
+    stop_ids: tuple[int, ...]
+    history: Any = None  # the V1 runner's `History`; None under Model Runner V2 (vLLM's buffer holds it)
+    shared: Hashable | None = None  # its key in `Requests._samplers`, when it shares a Sampler
+    own: Sampler | None = None  # its own Sampler (stateful or seeded)
+    failed: str | None = None  # why the request is being ended
+
+
+class Entry(NamedTuple):
+    """One request's logits row at this step: `logits[row]`, the request under `key`, `length` tokens so far."""
+
+    row: int
+    key: int
+    length: int
+
+
+# `(group, padded) -> (rows, T)` ids: the group's histories, left-padded with id `vocab_size` when `padded`
+# (else all of one length)
+GroupIds = Callable[[Sequence[Entry], bool], torch.Tensor]
+
+
+class Requests:
+    """The requests of one vLLM processor that carry hfbridge options; see the module.
+
+    Args:
+        vocab_size: The width of vLLM's logits (the model's vocabulary).
+        device: Where the logits are.
+        seed: The engine's seed: the random samplers (XTC) of each set of options draw from a
+            generator seeded from it, so every tensor-parallel worker draws the same numbers.
+        tokenizer: `() -> tokenizer`, called once when a request first needs the tokenizer (DRY's
+            string sequence breakers).
+        default_eos: The model's end-of-sequence ids, for a request that reports no stop ids.
+    """
+
+    def __init__(self, *, vocab_size: int, device: torch.device | str = "cpu", seed: int = 0,
+                 tokenizer: Callable[[], Any] | None = None, default_eos: Iterable[int] = ()):
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.seed = seed
+        self._tokenizer_loader = tokenizer
+        self._tokenizer: Any = None
+        self._default_eos = tuple(default_eos)
+        self.rows: dict[int, Row] = {}
+        self._samplers: dict[Hashable, list[Any]] = {}  # key -> [Sampler, rows using it]
+        self._buffer: torch.Tensor | None = None  # [R, V + 1] float32 scores, reused by every call
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def add(self, index: int, params: Any, prompt_length: int | None, *, refuse: str | None = None) -> Row | None:
+        """A request arrives under `index` (what held it before is let go); its `Row`, or None without options.
+
+        `prompt_length` None: the request has no prompt ids (prompt embeddings). `refuse`: why a request
+        with options cannot run in this engine (it is then ended at its first step, and logged).
+        """
+        self.remove(index)
+        failure: str | None = None
+        try:
+            request = check_request(params)
+        except (TypeError, ValueError) as error:  # vLLM's front end checks this first; a direct call may not
+            request, failure = None, str(error)
+        if request is None and failure is None:
+            return None
+        stops = tuple(sorted(getattr(params, "all_stop_token_ids", None) or ())) or self._default_eos
+        stops = tuple(token for token in stops if 0 <= token < self.vocab_size)
+        if request is None or prompt_length is None or refuse is not None:
+            placeholder = RequestOptions({}, False, "", False, False, False, False, False)
+            row = Row(placeholder, prompt_length or 0, stops)
+            self._fail_row(row, failure or refuse or "hfbridge options need the prompt's token ids (prompt "
+                                                     "embeddings carry none)")
+        else:
+            row = Row(request, prompt_length, stops)
+            try:
+                self._attach(row, params)
+            except Exception as error:
+                self._fail_row(row, str(error))
+        self.rows[index] = row
+        return row
+
+    def remove(self, index: int) -> None:
+        """The request under `index` has left."""
+        self._release(self.rows.pop(index, None))
+
+    def move(self, source: int, target: int, swap: bool) -> None:
+        """The request under `source` moves to `target` (and the one there to `source` when `swap`)."""
+        first, second = self.rows.pop(source, None), self.rows.pop(target, None)
+        if first is not None:
+            self.rows[target] = first
+        if swap and second is not None:
+            self.rows[source] = second
+        elif not swap:
+            self._release(second)
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def run(self, logits: torch.Tensor, entries: Iterable[Entry], ids: GroupIds) -> None:
+        """Process the `(rows, vocab)` `logits` rows of `entries` (requests with options) in place."""
+        groups: dict[Hashable, list[Entry]] = {}
+        for entry in entries:
+            row = self.rows[entry.key]
+            if row.failed is not None:
+                key: Hashable = "failed"
+            elif row.own is not None:
+                key = ("own", entry.key)
+            elif row.request.counts_from_prompt:
+                key = (row.shared, entry.length)
+            else:
+                key = row.shared
+            groups.setdefault(key, []).append(entry)
+        # on a CPU, calls over more than ~2^17 scores run slower per row than smaller ones (measured with
+        # benchmarks/vllm.py: the processors' temporaries outgrow the caches): big groups go in slices
+        most = max(1, _CPU_CALL_SCORES // (self.vocab_size + 1)) if logits.device.type == "cpu" else len(logits)
+        for key, group in groups.items():
+            if key == "failed":
+                for entry in group:
+                    logits[entry.row] = self.ended(logits[entry.row], self.rows[entry.key].stop_ids)
+                continue
+            for start in range(0, len(group), most):
+                self._run_group(logits, group[start:start + most], ids)
+
+    def ended(self, scores: torch.Tensor, stops: Sequence[int]) -> torch.Tensor:
+        """`(..., vocab)` `scores` that allow only `stops` (a non-finite one becomes 0), so vLLM ends the request.
+
+        Without stop ids nothing can end it (logged when it failed): the scores are returned as they are.
+        """
+        if not stops:
+            return scores
+        allowed = torch.zeros(self.vocab_size, dtype=torch.bool, device=scores.device)  # [V]
+        allowed[list(stops)] = True
+        finite = torch.where(scores.isfinite(), scores, torch.zeros_like(scores))
+        return torch.where(allowed, finite, torch.full_like(scores, float("-inf")))
+
+    def _run_group(self, logits: torch.Tensor, group: list[Entry], ids: GroupIds) -> None:
+        try:
+            self._process(logits, group, ids)
+            return
+        except Exception as error:
+            if len(group) == 1:
+                entry = group[0]
+                self.fail(entry.key, f"hfbridge's chain failed at this step: {error}")
+                logits[entry.row] = self.ended(logits[entry.row], self.rows[entry.key].stop_ids)
+                return
+        for entry in group:  # find the request(s) at fault; the others still get their scores
+            self._run_group(logits, [entry], ids)
+
+    def _process(self, logits: torch.Tensor, group: list[Entry], ids: GroupIds) -> None:
+        first = self.rows[group[0].key]
+        sampler = first.own if first.own is not None else self._samplers[first.shared][0]
+        padded = first.own is None and not first.request.counts_from_prompt
+        # float32 copies of the rows, into a buffer kept between steps (processors may write into it):
+        # a fresh (rows, vocab) tensor per group and step costs more than the processors on a CPU.
+        # Rows are copied one by one: an index tensor would cross to the device (a copy that waits for it).
+        scores = self._scratch(len(group), logits.device, padded)  # [G, V] or [G, V + 1]
+        for position, entry in enumerate(group):
+            scores[position, : self.vocab_size].copy_(logits[entry.row])
+        input_ids = ids(group, padded)  # [G, T]
+        processed = sampler.process(input_ids, scores)  # [G, V(+1)]
+        for position, entry in enumerate(group):
+            logits[entry.row].copy_(processed[position, : self.vocab_size])
+
+    def _scratch(self, rows: int, device: torch.device, padded: bool) -> torch.Tensor:
+        """`(rows, vocab + padded)` float32 rows of a buffer kept between calls; the padding column at -inf."""
+        width = self.vocab_size + 1
+        buffer = self._buffer
+        if buffer is None or buffer.shape[0] < rows or buffer.device != device:
+            buffer = torch.empty(max(rows, 8), width, dtype=torch.float32, device=device)  # [R, V + 1]
+            self._buffer = buffer
+        if not padded:  # contiguous, as processors may expect: the buffer's first rows * V values
+            return buffer.view(-1)[: rows * self.vocab_size].view(rows, self.vocab_size)
+        view = buffer[:rows]
+        view[:, self.vocab_size].fill_(float("-inf"))
+        return view
+
+    # -- a request's chain --------------------------------------------------------------------------
+
+    def _attach(self, row: Row, params: Any) -> None:
+        request = row.request
+        check_token_ids_in_vocab(request.options, self.vocab_size)
+        eos = None
+        if request.needs_eos and "eos_token_id" not in request.options:
+            eos = list(row.stop_ids) or None
+        tokenizer = self._load_tokenizer() if request.string_breakers else None
+        seed = getattr(params, "seed", None)
+        if request.stateful or (request.random and seed is not None):
+            generator = self._generator(seed if seed is not None else self._key_seed(request.key))
+            row.own = build_sampler(request, prompt_length=row.prompt_length, eos_token_id=eos,
+                                    tokenizer=tokenizer, generator=generator if request.random else None)
+            return
+        prompt_length = row.prompt_length if request.counts_from_prompt else None
+        key = (request.key, None if eos is None else tuple(eos), prompt_length)
+        if key not in self._samplers:
+            shared = self._generator(self._key_seed(request.key)) if request.random else None
+            sampler = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
+                                    generator=shared)
+            self._samplers[key] = [sampler, 0]
+        self._samplers[key][1] += 1
+        row.shared = key
+
+    def _release(self, row: Row | None) -> None:
+        if row is None or row.shared is None:
+            return
+        entry = self._samplers[row.shared]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._samplers[row.shared]
+        row.shared = None
+
+    def fail(self, index: int, reason: str) -> None:
+        """End the request under `index` from now on (logged with `reason`)."""
+        row = self.rows[index]
+        self._release(row)
+        row.own = None
+        self._fail_row(row, reason)
+
+    def _fail_row(self, row: Row, reason: str) -> None:
+        row.failed = reason
+        ending = "ends it at this step" if row.stop_ids else "cannot end it (it has no stop token ids)"
+        logger.error("hfbridge: a request's options failed in the worker; hfbridge %s: %s", ending, reason)
+
+    def _load_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if self._tokenizer_loader is None:
+                raise ValueError("`dry_sequence_breakers` holds strings, which need the model's tokenizer, and the "
+                                 "engine has none; pass token-id sequences instead.")
+            self._tokenizer = self._tokenizer_loader()
+        return self._tokenizer
+
+    def _key_seed(self, key: str) -> int:
+        return (self.seed + zlib.crc32(key.encode())) % (2**63)
+
+    def _generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+
+def group_ids(histories: Sequence[torch.Tensor], padded: bool, pad_id: int) -> torch.Tensor:
+    """`(rows, T)` long ids of a group's histories (each `(length,)`): left-padded with `pad_id` when `padded`.
+
+    Without padding the histories are of one length (the group's key says so).
+    """
+    if not padded:
+        return torch.stack(list(histories)).long()  # [G, T]
+    # one width for all: left padding with id V, whose score column is -inf for the call (`Requests._scratch`)
+    return torch.nn.utils.rnn.pad_sequence(list(histories), batch_first=True, padding_value=pad_id,
+                                           padding_side="left").long()  # [G, T]
+
+
+def register_with(interface: str, cls: type) -> None:
+    """Make `cls` a virtual subclass of the `LogitsProcessor` of module `interface`, the other runner's, if present.
+
+    vLLM's loader then lets the class through, and its `__init__`, called with the other runner's
+    arguments, raises an error that names the right class (vLLM's own would not).
+    """
+    import importlib
+
+    try:
+        module = importlib.import_module(interface)
+    except ImportError:  # a vLLM without that runner's interface: nothing to mistake
+        return
+    module.LogitsProcessor.register(cls)
+
+
+def engine_settings(vllm_config: Any) -> dict[str, Any]:
+    """What a worker's processor takes from vLLM's config: the seed, the tokenizer's loader, the model's eos ids."""
+    model_config = vllm_config.model_config
+    eos = getattr(model_config.hf_config, "eos_token_id", None)
+    return {"seed": model_config.seed if model_config.seed is not None else 0,
+            "tokenizer": lambda: _load_tokenizer(model_config),
+            "default_eos": [] if eos is None else [eos] if isinstance(eos, int) else list(eos)}
+
+
+def _load_tokenizer(model_config: Any) -> Any:
+    """The model's tokenizer, as transformers loads it (DRY's string breakers map through it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_config.tokenizer, revision=model_config.tokenizer_revision,
+                                         trust_remote_code=model_config.trust_remote_code)
