@@ -21,6 +21,7 @@ from hfbridge._step.fast.fast_path import fast_draw
 from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_option_values, check_token_ids_in_vocab
+from hfbridge._step.option_docs import fill_options
 from hfbridge._step.option_table import per_row_options
 from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
@@ -72,6 +73,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             numeric ones of HF (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
             `eta_cutoff`, `top_h`, `repetition_penalty`, `no_repeat_ngram_size`) take a number or
             one value per row (a list, tuple or 1-D tensor); a temperature of 0 makes its row greedy.
+            [registry options]
 
     >>> import torch
     >>> sampler = Sampler(temperature=0.7, top_k=2)
@@ -341,3 +343,6 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""
         check_token_ids_in_vocab(self._token_options, vocab)
         self._vocab_checked = vocab
+
+
+Sampler.__doc__ = fill_options(Sampler.__doc__)  # the registry's options, listed in help()

@@ -13,6 +13,7 @@ import torch
 
 from hfbridge._step.guidance_processor import step_guidance
 from hfbridge._step.option_checks import check_tokenizer
+from hfbridge._step.option_docs import fill_options
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
 from hfbridge._step.sampler import Sampler
@@ -101,6 +102,7 @@ def explain_step(
         **options: Everything `sample_step` / `Sampler` accepts. Each processor runs once, so a
             stateful one passed in ``processors=`` (a grammar matcher) has taken one step
             afterwards: give `generate` a fresh one.
+            [registry options]
 
     Returns:
         A `StepTrace`: rich HTML in Jupyter, a text table with ``print``, and ``.plot()``.
@@ -140,6 +142,9 @@ def explain_step(
         do_sample=bool(sampler.do_sample),
         tokenizer=tokenizer,
     )
+
+
+explain_step.__doc__ = fill_options(explain_step.__doc__)  # the registry's options, listed in help()
 
 
 def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int,
