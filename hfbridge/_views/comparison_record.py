@@ -137,9 +137,12 @@ class StepComparisonRecord:
             lines += ["", f"[{name}] {options_text(self.settings[name])}",
                       f"    chose {self.label(trace.token)}, p={float(trace.stages[-1].probs()[trace.token]):.3f}; "
                       f"{trace.stages[-1].possible} candidates left"]
-            for difference in (d for d in self.differences if d.setting == name):
-                lines.append(f"    {difference.label}: removed {len(difference.removed)}")
-                for other, tokens in difference.kept_by.items():
+            differences = {d.stage: d for d in self.differences if d.setting == name}
+            for number in range(1, len(trace.stages)):
+                stage, difference = trace.stages[number], differences.get(number)
+                removed = "" if difference is None else f", removed {len(difference.removed)}"
+                lines.append(f"    {stage.label}: {trace.changed_text(number)}{removed}, {stage.possible} left")
+                for other, tokens in ({} if difference is None else difference.kept_by).items():
                     if tokens:
                         lines.append(f"        that {other} keeps: {self.labels(tokens)}")
         return "\n".join(lines)

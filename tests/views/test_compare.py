@@ -97,7 +97,7 @@ def test_differences_by_hand():
     assert p.removed == [3, 4]
     assert result.first_difference is None  # greedy: all three take token 0
     text = str(result)
-    assert "TopKLogitsWarper(top_k=1): removed 4\n        that k3 keeps: #1, #2" in text
+    assert "TopKLogitsWarper(top_k=1): changed 4 scores, removed 4, 1 left\n        that k3 keeps: #1, #2" in text
 
 
 def test_compare_step_html_is_side_by_side_and_escaped():
