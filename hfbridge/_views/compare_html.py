@@ -31,7 +31,8 @@ SHARED_CHARS = 600  # the shared text shows its last characters; the rest is fol
 # Explicit colours on a light card in every theme; `only light` keeps a browser's forced dark mode off it.
 _ROOT = (f"{ROOT_STYLE};{CARD};color-scheme:only light;forced-color-adjust:none;border:1px solid #d0d7de;"
          "border-radius:6px;padding:10px 14px;max-width:100%;box-sizing:border-box")
-_CHIP = f"font-family:{MONO};font-size:11px;border-radius:3px;padding:0 3px;white-space:pre;color:#1f2328"
+_CHIP = (f"font-family:{MONO};font-size:11px;border-radius:3px;padding:0 3px;margin-right:3px;white-space:pre;"
+         "color:#1f2328")
 
 
 def _grid(count: int) -> str:
@@ -90,8 +91,10 @@ def step_html(record: StepComparisonRecord) -> str:
                 el("div", f"removed {len(found.removed)}; {other} keeps ", _tokens(record, tokens, removed=True))
                 for other, tokens in found.kept_by.items() if tokens]
             stages.append(el("li", *line, *kept, style="margin:2px 0"))
-        top = [_chip(_text(record, token), prob=float(probs[token]), chosen=token == trace.token,
-                     title=f"p={float(probs[token]):.3f}") for token in final.top_ids]
+        top = [join([_chip(_text(record, token), prob=float(probs[token]), chosen=token == trace.token,
+                           title=f"p={float(probs[token]):.3f}"),
+                     el("span", f"{float(probs[token]):.2f} ", style=f"color:{MUTED};font-size:11px")])
+               for token in final.top_ids]
         chosen_p = float(probs[trace.token])
         columns.append(el(
             "div", _header(name, record.settings[name]),
@@ -130,9 +133,10 @@ def _shared(record: GenerationComparisonRecord, upto: int | None) -> Html:
     style = f"font-family:{MONO};font-size:12px;white-space:pre-wrap;overflow-wrap:anywhere;color:#1f2328"
     if len(text) <= SHARED_CHARS:
         return el("div", text, style=style)
-    return el("div", el("details", el("summary", f"… {len(text) - SHARED_CHARS:,} earlier characters",
-                                      style=f"color:{MUTED}"), text[:-SHARED_CHARS]),
-              text[-SHARED_CHARS:], style=style)
+    cut = len(text) - SHARED_CHARS
+    cut = next((i + 1 for i in range(cut, min(cut + 40, len(text))) if text[i].isspace()), cut)  # at a space
+    return el("div", el("details", el("summary", f"… {cut:,} earlier characters", style=f"color:{MUTED}"),
+                        text[:cut]), text[cut:], style=style)
 
 
 def generation_html(record: GenerationComparisonRecord) -> str:
