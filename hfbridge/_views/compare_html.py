@@ -18,18 +18,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hfbridge._views.comparison_record import SHOWN, options_text
-from hfbridge._views.html import CARD, MONO, MUTED, ROOT_STYLE, Html, el, join, prob_colour
+from hfbridge._views.html import CARD, CHOSEN, MONO, MUTED, REMOVED, ROOT_STYLE, Html, el, join, prob_colour
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord
 
 __all__ = ["generation_html", "step_html"]
 
-CHOSEN = "#0969da"  # the chosen token's outline
-REMOVED = ("#ffebe9", "#a40e26")  # a removed token: background, struck-through text
 SHARED_CHARS = 600  # the shared text shows its last characters; the rest is folded
-# Explicit colours on a light card in every theme; `only light` keeps a browser's forced dark mode off it.
-_ROOT = (f"{ROOT_STYLE};{CARD};color-scheme:only light;forced-color-adjust:none;border:1px solid #d0d7de;"
+# Explicit colours on a light card in every theme (`CARD` keeps a browser's forced dark mode off it).
+_ROOT = (f"{ROOT_STYLE};{CARD};border:1px solid #d0d7de;"
          "border-radius:6px;padding:10px 14px;max-width:100%;box-sizing:border-box")
 _CHIP = (f"font-family:{MONO};font-size:11px;border-radius:3px;padding:0 3px;margin-right:3px;white-space:pre;"
          "color:#1f2328")

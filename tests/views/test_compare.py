@@ -182,3 +182,22 @@ def test_the_callers_tensors_are_untouched():
     logits, ids = LOGITS.clone(), IDS.clone()
     compare_step(logits, ids, {"a": dict(repetition_penalty=2.0), "b": dict(top_k=2)}, generator=_same_state(0))
     assert torch.equal(logits, LOGITS) and torch.equal(ids, IDS)
+
+
+def test_one_colour_language_that_forced_dark_mode_leaves_alone():
+    """Every view's card opts out of forced dark mode; the chosen token is blue everywhere (orange is the
+    probability scale's long shot); a penalty window's `repetition_penalty` of 1 is not listed."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    from hfbridge import explain_generation, explain_step
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    step = explain_step(logits, torch.tensor([[1, 2]]), presence_penalty=0.5, penalty_last_n=-1)._repr_html_()
+    out = GenerateDecoderOnlyOutput(sequences=torch.tensor([[0, 1]]), scores=(torch.zeros(1, 3),))
+    views = [step, explain_generation(out)._repr_html_(),
+             compare_step(logits, None, {"a": {}, "b": dict(top_k=1)})._repr_html_()]
+    for html in views:
+        assert re.match(r"<div class='hfbridge-\w+' style='[^']*color-scheme:only light;forced-color-adjust:none",
+                        html), html[:200]
+    assert "outline:2px solid #0969da" in step and "#fdd0a2" not in step and "#e6550d" not in step
+    assert "presence_penalty=0.5" in step and "repetition_penalty" not in step
