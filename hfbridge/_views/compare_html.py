@@ -88,6 +88,9 @@ def step_html(record: StepComparisonRecord) -> str:
             kept = [] if found is None else [
                 el("div", f"removed {len(found.removed)}; {other} keeps ", _tokens(record, tokens, removed=True))
                 for other, tokens in found.kept_by.items() if tokens]
+            if record.first_difference is not None:  # why the tokens differ: what this stage did to the chosen ones
+                kept += [el("div", _chip(_text(record, token), prob=after), f" p {before:.3f} → {after:.3f}")
+                         for token, before, after in record.moves(name, number)]
             stages.append(el("li", *line, *kept, style="margin:2px 0"))
         top = [join([_chip(_text(record, token), prob=float(probs[token]), chosen=token == trace.token,
                            title=f"p={float(probs[token]):.3f}"),
@@ -155,6 +158,9 @@ def generation_html(record: GenerationComparisonRecord) -> str:
             if only:
                 parts.append(el("div", f"{len(only)} no other setting allowed: ", _tokens(record, only),
                                 style="margin:2px 0;line-height:1.9"))
+            for other, token, p in record.others_chosen(name, step):  # why: how likely the other's token was here
+                parts.append(el("div", f"{other}'s ", _chip(_text(record, token), prob=p), f" had p={p:.3f} here",
+                                style="margin:2px 0"))
         elif step is not None:
             parts.append(el("div", f"ended before step {step}", style=f"color:{MUTED}"))
         parts.append(_flow(record, name, step if step is not None else len(trace.steps)))

@@ -119,6 +119,15 @@ class StepComparisonRecord:
                 found.append(StageDifference(name, index, trace.stages[index].label, removed, kept_by))
         return found
 
+    def moves(self, name: str, stage: int) -> list[tuple[int, float, float]]:
+        """Why the settings part: ``(token, p before, p after)`` for each token some setting chose (explained
+        row) whose probability stage ``stage`` of setting ``name`` changed."""
+        trace = self.traces[name]
+        before, after = trace.stages[stage - 1].probs(), trace.stages[stage].probs()
+        chosen = dict.fromkeys(trace.token for trace in self.traces.values())
+        return [(token, float(before[token]), float(after[token])) for token in chosen
+                if abs(float(before[token]) - float(after[token])) > 5e-4]
+
     def label(self, token: int) -> str:
         return f"#{token}" if self.tokenizer is None else repr(self.tokenizer.decode([token]))
 
@@ -145,6 +154,9 @@ class StepComparisonRecord:
                 for other, tokens in ({} if difference is None else difference.kept_by).items():
                     if tokens:
                         lines.append(f"        that {other} keeps: {self.labels(tokens)}")
+                moved = self.moves(name, number)
+                if moved and self.first_difference is not None:
+                    lines.append("        " + ", ".join(f"{self.label(t)} p {a:.3f} -> {b:.3f}" for t, a, b in moved))
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -195,6 +207,20 @@ class GenerationComparisonRecord:
         allowed = torch.nonzero(scores > float("-inf")).flatten()
         return allowed[torch.argsort(scores[allowed], descending=True, stable=True)].tolist()
 
+    def prob(self, name: str, step: int, token: int) -> float:
+        """The probability setting ``name`` gave ``token`` at generated ``step`` (explained row, processed)."""
+        return float(torch.softmax(_step_scores(self.outputs[name], self.traces[name], step), dim=-1)[token])
+
+    def others_chosen(self, name: str, step: int) -> list[tuple[str, int, float]]:
+        """Why the settings part at ``step``: ``(other setting, the token it chose, the probability setting
+        ``name`` gave that token)`` for each other setting that chose differently."""
+        own = self.traces[name].steps[step].token
+        found = []
+        for other, trace in self.traces.items():
+            if other != name and step < len(trace.steps) and trace.steps[step].token != own:
+                found.append((other, trace.steps[step].token, self.prob(name, step, trace.steps[step].token)))
+        return found
+
     def only_in(self, name: str, step: int) -> list[int]:
         """Candidates of setting ``name`` at ``step`` that every other setting had removed there."""
         others = [set(self.candidates(other, step)) for other in self.traces if other != name]
@@ -226,6 +252,8 @@ class GenerationComparisonRecord:
                 only = self.only_in(name, step)
                 lines.append(f"    step {step}: {self.label(at.token)} p={at.prob:.3f}, "
                              f"{at.possible} candidates" + (f", {len(only)} no other setting allowed" if only else ""))
+                for other, token, p in self.others_chosen(name, step):
+                    lines.append(f"    {other}'s {self.label(token)} had p={p:.3f} here")
             lines.append("    " + repr(self.text(name, step or 0))[:300])
         return "\n".join(lines)
 

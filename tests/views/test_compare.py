@@ -100,6 +100,27 @@ def test_differences_by_hand():
     assert "TopKLogitsWarper(top_k=1): changed 4 scores, removed 4, 1 left\n        that k3 keeps: #1, #2" in text
 
 
+def test_why_they_part_by_hand():
+    """The stage that moved the chosen tokens, with their probabilities before and after it."""
+    logits, ids = torch.tensor([[3.0, 2.0, 1.0, 0.0]]), torch.tensor([[0]])
+    result = compare_step(logits, ids, {"plain": dict(top_k=0), "penalty": dict(repetition_penalty=4.0, top_k=0)})
+    assert result.tokens["plain"].tolist() == [0] and result.tokens["penalty"].tolist() == [1]  # 3 / 4 < 2
+    before = torch.softmax(logits[0], -1)
+    after = torch.softmax(torch.tensor([0.75, 2.0, 1.0, 0.0]), -1)
+    ((t0, b0, a0), (t1, b1, a1)) = result.moves("penalty", 1)
+    assert (t0, t1) == (0, 1)
+    torch.testing.assert_close(torch.tensor([b0, a0, b1, a1]), torch.stack([before[0], after[0], before[1], after[1]]))
+    assert f"'#0' p {b0:.3f} -> {a0:.3f}".replace("'", "") in str(result)
+    model = TinyRecompute(TinyCore(vocab=45, max_len=64))
+    race = compare_generation(model, torch.tensor([[5, 9, 13, 2]]), {"a": {}, "b": dict(repetition_penalty=50.0)},
+                              max_new_tokens=6)
+    step = race.first_difference
+    assert step is not None
+    (other, token, p), = race.others_chosen("a", step)
+    assert (other, token) == ("b", int(race.tokens["b"][0, 4 + step]))
+    assert p == pytest.approx(float(torch.softmax(race.outputs["a"].scores[step][0], -1)[token]))
+
+
 def test_compare_step_html_is_side_by_side_and_escaped():
     tokenizer = char_tokenizer()
     logits = torch.randn(1, len(tokenizer), generator=_same_state(0))
