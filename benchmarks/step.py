@@ -1,6 +1,6 @@
 """Per-step sampling time: the hand-written HF chain vs hfbridge exact vs hfbridge `fast=True`.
 
-    python benchmarks/step.py             # the issue's targets (PASS/MISS), then the full table
+    python benchmarks/step.py             # the step's speed targets (PASS/MISS), then the full table
     python benchmarks/step.py --targets   # the targets only
     python benchmarks/step.py --table     # the full table only
     python benchmarks/step.py --targets --no-compile  # without torch.compile (minutes of compiling on CPU)
@@ -157,7 +157,7 @@ def peak_extra_memory(step, logits, input_ids) -> float | None:
 
 
 def targets(repeats: int, one_shot: bool, compiled: bool = True) -> None:
-    """The issue's targets for the step, each with its ratio and PASS/MISS."""
+    """The step's speed targets, each with its ratio and PASS/MISS."""
     generator = torch.Generator().manual_seed(0)
     print(f"\n### targets (CPU: {describe('cpu')}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{'wall' if CLOCK is time.perf_counter else 'thread CPU'} time, "
@@ -317,7 +317,7 @@ def main() -> None:
     global CLOCK
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two sizes, 3 repeats")
-    parser.add_argument("--targets", action="store_true", help="only the issue's targets")
+    parser.add_argument("--targets", action="store_true", help="only the step's speed targets")
     parser.add_argument("--table", action="store_true", help="only the full table (no targets)")
     parser.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile comparison (its first compile takes minutes on CPU)")

@@ -22,6 +22,7 @@ from hfbridge._step.cpu_shortcuts import accelerator_route
 from hfbridge._step.layout import Layout, from_rows, to_rows
 from hfbridge._step.sample_step import sample_step
 from hfbridge._step.sampler import Sampler
+from hfbridge._views.compare import GenerationComparison, StepComparison, compare_generation, compare_step
 from hfbridge._views.explain_generation import GenerationTrace, TokenStep, explain_generation
 from hfbridge._views.explain_step import StepTrace, explain_step
 from hfbridge._views.streamers import NotebookStreamer
@@ -30,6 +31,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "BannedStrings",
+    "GenerationComparison",
     "GenerationTrace",
     "Hooks",
     "InputPos",
@@ -40,11 +42,14 @@ __all__ = [
     "Replay",
     "ReturnsCache",
     "Sampler",
+    "StepComparison",
     "StepTrace",
     "TokenStep",
     "TransformersContractError",
     "accelerator_route",
     "build_processors",
+    "compare_generation",
+    "compare_step",
     "compute_transition_scores",
     "crop_cache",
     "explain_generation",

@@ -1,5 +1,8 @@
 """A griffe extension for the API reference: a docstring's `>>>` examples become `pycon` code blocks.
 
+It also writes the option registry's list where a docstring says `[registry options]`, as the
+package does at import for `help()` (`hfbridge/_step/option_docs.py`), since griffe reads the source.
+
 hfbridge's docstrings open with runnable examples (`tests/test_docstrings.py` runs them) written as
 plain doctest lines; Markdown would read them as a paragraph (and `[...]` output as links).
 mkdocs.yml loads this file through mkdocstrings' `extensions` option.
@@ -11,13 +14,15 @@ from typing import Any
 
 import griffe
 
+from hfbridge._step.option_docs import fill_options
+
 
 class DoctestsAsCode(griffe.Extension):
     """Fence each run of doctest lines (from `>>>` to the next blank line) as a `pycon` block."""
 
     def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = fence_doctests(obj.docstring.value)
+            obj.docstring.value = fence_doctests(fill_options(obj.docstring.value) or "")
 
 
 def fence_doctests(text: str) -> str:

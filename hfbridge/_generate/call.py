@@ -81,7 +81,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                           set_by_call=[*config_options, *(per_row.values if per_row is not None else ())])
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", host=host,
-                                    **config_options)
+                                    phased=thinking is not None, **config_options)
     check_config(config, tokenizer)
     # The mode, decided once: its row of the strategy table checks what it cannot honour.
     mode, strategy = strategy_of(strategies if strategies is not None else ONE_TOKEN_LOOP, config, assistant_model)
@@ -141,7 +141,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                                     prepare_phase=lambda more: make_generation_config(
                                         generation_config, do_sample=more.pop("do_sample", do_sample),
                                         prompt_length=prompt_length, accepted=generation_option_names(),
-                                        caller="generate", host=host, **{**config_options, **more}))
+                                        caller="generate", host=host, phased=True, **{**config_options, **more}))
     # banned strings: only a strategy whose runner rolls rows back takes them, and not with guidance
     refused = (strategy.name if not strategy.rolls_back else "classifier-free guidance (guidance_scale)"
                if unconditional is not None else None)

@@ -35,6 +35,7 @@ from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.choose import as_adapter
 from hfbridge._step.layout import LayoutLike
 from hfbridge._step.option_checks import check_flag
+from hfbridge._step.option_docs import fill_options
 
 
 # The return type follows `return_dict_in_generate`: a tensor by default, HF's output object with
@@ -216,8 +217,8 @@ def generate(
             `max_time`, `num_return_sequences`, `return_dict_in_generate`, `output_scores`,
             `output_logits`, ...); the numeric sampling options and penalties also take one value
             per prompt (a list, tuple or 1-D tensor; a temperature of 0 is greedy). The options of
-            `hfbridge.processors`' samplers (`dry_multiplier`, `xtc_probability`, `top_n_sigma`,
-            `presence_penalty`, `dynatemp_range`, `mirostat`, ...: see docs/samplers.md).
+            `hfbridge.processors`' samplers (docs/samplers.md).
+            [registry options]
             Any other name is a model input: it goes into the adapter's
             state and to the model at every call (tensors with a leading batch axis are repeated
             for `num_return_sequences`), and must be a parameter the model accepts.
@@ -269,6 +270,9 @@ def generate(
         check_every=check_every, synced_gpus=synced_gpus, thinking_options=thinking_options, kwargs=kwargs)
     with torch.no_grad():  # as HF's generate: no autograd graph grows over the steps
         return _generate(model, input_ids, options)
+
+
+generate.__doc__ = fill_options(generate.__doc__)  # the registry's options, listed in help()
 
 
 def _generate(model: Any, input_ids: Any, options: GenerateOptions) -> Any:

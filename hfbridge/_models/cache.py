@@ -13,6 +13,8 @@ Handled here, without any help from the model:
   `past_key_values` format, most home-grown caches): reordered along the first axis, cropped
   along the second-to-last, the sequence axis of HF's `(batch, heads, seq, head_dim)` and of
   nanoGPT-style `(batch, seq, dim)` caches;
+- for cropping, any other object with a `crop(length)` method that keeps the first `length`
+  positions of the sequence and returns the cache (the demo model's `KVCache`);
 - `None` (nothing cached yet).
 Anything else needs the adapter's hook (`ReturnsCache(model, reorder_cache=..., crop_cache=...)`,
 `InputPos(model, reorder_cache=...)`, `Hooks(..., reorder_state=..., crop_state=...)` or an
@@ -95,7 +97,8 @@ def crop_cache(cache: Any, length: int, *, cached: int | None = None, where: str
     """The cache with only its first `length` positions (HF caches are cropped in place).
 
     Args:
-        cache: `None`, an HF `Cache`, a tensor `(..., seq, dim)`, or a tuple / list / dict of these.
+        cache: `None`, an HF `Cache`, a tensor `(..., seq, dim)`, a tuple / list / dict of these, or
+            an object with a `crop(length) -> cache` method of its own.
         length: How many positions to keep, `0 <= length`.
         cached: How many positions the cache holds now, when the caller knows it. Every tensor is
             then checked to have that many positions on its sequence axis (the second-to-last),
@@ -132,7 +135,7 @@ def check_croppable(cache: Any, cached: int, *, where: str = "cache") -> None:
     >>> check_croppable({"kv": object()}, 5)
     Traceback (most recent call last):
     ...
-    hfbridge._models.cache.CacheTypeError: cannot drop positions from cache['kv'], a object: hfbridge crops HF Cache objects, and tensors (..., seq, dim) in tuples/lists/dicts. Give the adapter a crop hook (ReturnsCache(model, crop_cache=...), Hooks(crop_state=...) or an overridden ModelAdapter.crop).
+    hfbridge._models.cache.CacheTypeError: cannot drop positions from cache['kv'], a object: hfbridge crops HF Cache objects, tensors (..., seq, dim) in tuples/lists/dicts, and objects with a crop(length) method. Give the adapter a crop hook (ReturnsCache(model, crop_cache=...), Hooks(crop_state=...) or an overridden ModelAdapter.crop).
     """  # noqa: E501 (the error line)
     if cache is None:
         return
@@ -142,6 +145,8 @@ def check_croppable(cache: Any, cached: int, *, where: str = "cache") -> None:
         return
     if isinstance(cache, torch.Tensor):
         _crop_tensor(cache, cached, cached, where)
+        return
+    if _crops_itself(cache):
         return
     if isinstance(cache, dict):
         for key, value in cache.items():
@@ -169,6 +174,11 @@ def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
         return item
     if isinstance(item, torch.Tensor):
         return _crop_tensor(item, length, cached, where)
+    if _crops_itself(item):
+        cropped = item.crop(length)
+        if cropped is None:
+            raise CacheTypeError(f"{where}.crop({length}) returned None; it must return the cropped cache.")
+        return cropped
     if isinstance(item, dict):
         return type(item)({key: _crop(value, length, cached, f"{where}[{key!r}]") for key, value in item.items()})
     if isinstance(item, (tuple, list)):
@@ -177,10 +187,16 @@ def _crop(item: Any, length: int, cached: int | None, where: str) -> Any:
             return type(item)(*cropped)
         return type(item)(cropped)
     raise CacheTypeError(
-        f"cannot drop positions from {where}, a {type(item).__name__}: hfbridge crops HF Cache objects, and "
-        "tensors (..., seq, dim) in tuples/lists/dicts. Give the adapter a crop hook (ReturnsCache(model, "
-        "crop_cache=...), Hooks(crop_state=...) or an overridden ModelAdapter.crop)."
+        f"cannot drop positions from {where}, a {type(item).__name__}: hfbridge crops HF Cache objects, "
+        "tensors (..., seq, dim) in tuples/lists/dicts, and objects with a crop(length) method. Give the "
+        "adapter a crop hook (ReturnsCache(model, crop_cache=...), Hooks(crop_state=...) or an overridden "
+        "ModelAdapter.crop)."
     )
+
+
+def _crops_itself(item: Any) -> bool:
+    """An object (not a nest) with a `crop(length)` method of its own, as the demo model's `KVCache`."""
+    return not isinstance(item, (dict, tuple, list)) and callable(getattr(item, "crop", None))
 
 
 def _crop_tensor(tensor: torch.Tensor, length: int, cached: int | None, where: str) -> torch.Tensor:

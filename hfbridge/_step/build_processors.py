@@ -112,6 +112,7 @@ def make_generation_config(
     accepted: frozenset[str] | None = None,
     caller: str = "sample_step",
     host: ProcessorHost | None = None,
+    phased: bool = False,
     **options: Any,
 ) -> GenerationConfig:
     """A validated copy of `generation_config` with `options` applied, as HF's `generate` makes it.
@@ -119,6 +120,8 @@ def make_generation_config(
     HF's defaults for the installed version are filled in (for example `top_k=50` when sampling,
     as `model.generate` does). The caller's config is never modified. `host`: the `ProcessorHost`
     HF's helpers run on; a model's host (`HFModel.host`) makes its `generation_config` the defaults.
+    `phased`: the call has `thinking_options`, whose phases `thinking_start` / `thinking_end` mark (so they
+    are not options without effect there).
 
     >>> make_generation_config(temperature=0.7).do_sample
     True
@@ -135,6 +138,8 @@ def make_generation_config(
                if config is not None]  # the call's, then the model's own (HF's merge fills in from it)
     # a tuning option whose processor no option switches on does nothing: said, and it does not turn sampling on
     given = {**options, **community}
+    if phased:  # the tags mark the phases of `thinking_options`: in use without a budget
+        given = {name: value for name, value in given.items() if name not in ("thinking_start", "thinking_end")}
     idle = warn_without_effect(given, configs)
     if generation_config is not None:  # the config's own, with the keywords' switches
         carried = {name: getattr(generation_config, name, None) for name in community_options.OPTIONS

@@ -21,6 +21,7 @@ from transformers import GenerationConfig
 
 from hfbridge._step.guidance_processor import refuse_synthid_step, step_guidance
 from hfbridge._step.layout import Layout, LayoutLike
+from hfbridge._step.option_docs import fill_options
 from hfbridge._step.sampler import Sampler, extract_logits
 
 __all__ = ["sample_step"]
@@ -69,12 +70,8 @@ def sample_step(
             `top_h`, `repetition_penalty`, `no_repeat_ngram_size`, `bad_words_ids`,
             `suppress_tokens`, `min_new_tokens`, `guidance_scale`, `watermarking_config`, ...; the
             numeric ones take one value per row), and the community samplers' options
-            (`hfbridge.processors`, docs/samplers.md): DRY (`dry_multiplier`, `dry_base`,
-            `dry_allowed_length`, `dry_penalty_last_n`, `dry_sequence_breakers`), XTC
-            (`xtc_threshold`, `xtc_probability`), `top_n_sigma`, `presence_penalty`,
-            `frequency_penalty`, `penalty_last_n`, dynamic temperature (`dynatemp_range`,
-            `dynatemp_exponent`), smoothing (`smoothing_factor`, `smoothing_curve`) and mirostat
-            (`mirostat`, `mirostat_tau`, `mirostat_eta`).
+            (`hfbridge.processors`, docs/samplers.md).
+            [registry options]
 
     Returns:
         Token ids with the layout's batch shape (`(batch,)` for `"b t v"`, 0-d for `"v"`), on the
@@ -110,6 +107,9 @@ def sample_step(
     sampler = Sampler(generation_config, processors=processors, generator=generator,
                       attention_mask=attention_mask, **options)
     return sampler(logits, input_ids)
+
+
+sample_step.__doc__ = fill_options(sample_step.__doc__)  # the registry's options, listed in help()
 
 
 # Building a Sampler (HF's config preparation and processors) costs several times a greedy step on

@@ -21,6 +21,7 @@ from hfbridge._step.cpu_shortcuts import greedy_choice
 from hfbridge._step.guidance_processor import checked_unconditional
 from hfbridge._step.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab, per_row_from_config
+from hfbridge._step.option_docs import fill_options
 from hfbridge._step.padded_vocab import tokenizer_size
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge._step.per_row_draw import Generators, RowState, check_generators
@@ -80,6 +81,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             numeric ones of HF (`temperature`, `top_k`, `top_p`, `min_p`, `typical_p`, `epsilon_cutoff`,
             `eta_cutoff`, `top_h`, `repetition_penalty`, `no_repeat_ngram_size`) take a number or
             one value per row (a list, tuple or 1-D tensor); a temperature of 0 makes its row greedy.
+            [registry options]
 
     >>> import torch
     >>> sampler = Sampler(temperature=0.7, top_k=2)
@@ -111,16 +113,15 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         # one value per row in a passed config rides the same per-row groups as the keyword
         generation_kwargs = per_row_from_config(generation_config, generation_kwargs)
         generation_kwargs, per_row = split_per_row(generation_kwargs)  # one value per row: `_per_row.py`
-        config = make_generation_config(
-            generation_config, do_sample=do_sample, prompt_length=prompt_length, **generation_kwargs
-        )
+        config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
+                                        phased=thinking is not None, **generation_kwargs)
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
                     tokenizer=tokenizer, per_row=per_row, thinking_options=thinking,
                     prepare_phase=lambda options: make_generation_config(
                         generation_config, do_sample=options.pop("do_sample", do_sample), prompt_length=prompt_length,
-                        **{**generation_kwargs, **options}))
+                        phased=True, **{**generation_kwargs, **options}))
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -385,6 +386,9 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""
         check_token_ids_in_vocab(self._token_options, vocab)
         self._vocab_checked = vocab
+
+
+Sampler.__doc__ = fill_options(Sampler.__doc__)  # the registry's options, listed in help()
 
 
 _NEG_INF = float("-inf")

@@ -179,6 +179,8 @@ class StepInputs:
                 f"`input_ids` of shape {tuple(input_ids.shape)} do not match the logits: expected "
                 f"{tuple(batch_shape) + ('seq',)} (logits batch {tuple(batch_shape)}, {n_rows} rows), "
                 f"got batch {tuple(input_ids.shape[:-1])}."
+                + (" 1-D logits (vocab,) are one row, whose input_ids are 1-D (seq,): pass input_ids[0], or "
+                   "logits[None] for a batch of one." if not batch_shape and input_ids.ndim == 2 else "")
             )
         if input_ids.device != device:
             raise ValueError(
@@ -198,5 +200,8 @@ class StepInputs:
                 f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size}"
                 + (f", the tokenizer's size, {self._tokenizer_vocab}: pass vocab_size= to keep more columns"
                    if self.vocab_size is None and vocab == self._tokenizer_vocab else "") + ")."
+                + (f" The vocabulary is read from the logits' last axis ({vocab}); if it is another axis (logits "
+                   "[batch, vocab, seq]), say so with layout=, e.g. layout=\"b v t\"."
+                   if bad >= vocab and self.vocab_size is None and vocab != self._tokenizer_vocab else "")
             )
         return ids

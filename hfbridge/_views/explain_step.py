@@ -12,7 +12,9 @@ from typing import Any
 import torch
 
 from hfbridge._step.guidance_processor import step_guidance
+from hfbridge._step.layout import from_rows
 from hfbridge._step.option_checks import check_tokenizer
+from hfbridge._step.option_docs import fill_options
 from hfbridge._step.phase_options import PHASE_NAMES
 from hfbridge._step.processor_repr import processor_name as _processor_name
 from hfbridge._step.processor_repr import processor_params as _processor_params
@@ -22,8 +24,7 @@ from hfbridge._views.step_html import step_html
 from hfbridge._views.step_plot import plot_step
 from hfbridge._views.step_record import Stage, StepRecord
 
-__all__ = ["Stage", "StepTrace", "explain_step"]
-
+__all__ = ["Stage", "StepTrace", "explain_step", "record_step"]
 
 
 class StepTrace(StepRecord):
@@ -103,6 +104,7 @@ def explain_step(
         **options: Everything `sample_step` / `Sampler` accepts. Each processor runs once, so a
             stateful one passed in ``processors=`` (a grammar matcher) has taken one step
             afterwards: give `generate` a fresh one.
+            [registry options]
 
     Returns:
         A `StepTrace`: rich HTML in Jupyter, a text table with ``print``, and ``.plot()``.
@@ -114,6 +116,15 @@ def explain_step(
     >>> trace.stages[-1].possible
     2
     """
+    return record_step(logits, input_ids, tokenizer=tokenizer, top=top, row=row, **options)[0]
+
+
+explain_step.__doc__ = fill_options(explain_step.__doc__)  # the registry's options, listed in help()
+
+
+def record_step(logits: Any, input_ids: torch.Tensor | None = None, *, tokenizer: Any = None, top: int = 10,
+                row: int = 0, **options: Any) -> tuple[StepTrace, torch.Tensor]:
+    """`explain_step`'s trace and the step's tokens for the whole batch, shaped as `sample_step` returns them."""
     check_tokenizer(tokenizer)
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ValueError(f"top: expected a positive int (tokens to record per stage), got {top!r}")
@@ -124,7 +135,7 @@ def explain_step(
         options.update(step_guidance(unconditional))
     sampler = Sampler(tokenizer=tokenizer, **options)  # the tokenizer also serves DRY's string breakers
     # The step's own preparation, so batch shapes and errors are `sample_step`'s.
-    view, ids, _ = sampler.prepare(logits, input_ids)  # [N, V] view of the logits, [N, T]
+    view, ids, batch_shape = sampler.prepare(logits, input_ids)  # [N, V] view of the logits, [N, T]
     rows = view.to(dtype=torch.float32, copy=True)  # [N, V]
     n_rows = rows.shape[0]
     if not 0 <= row < n_rows:
@@ -141,7 +152,7 @@ def explain_step(
     for processor, scores in trace:
         stages.append(_stage(_processor_name(processor), _processor_params(processor), scores, top,
                              stages[-1].scores))
-    return StepTrace(
+    recorded = StepTrace(
         stages=stages,
         token=int(tokens[row]),
         row=row,
@@ -150,6 +161,7 @@ def explain_step(
         tokenizer=tokenizer,
         phase=phase,
     )
+    return recorded, (tokens if len(batch_shape) == 1 else from_rows(tokens, batch_shape))  # as `Sampler.__call__`
 
 
 def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int,

@@ -19,11 +19,15 @@ import math
 from collections.abc import Iterable
 
 __all__ = [
+    "BAR",
     "CARD",
+    "CHOSEN",
+    "CHOSEN_BACKGROUND",
     "FONT",
     "FONT_STYLE",
     "MONO",
     "MUTED",
+    "REMOVED",
     "ROOT_STYLE",
     "TEXT",
     "Html",
@@ -102,7 +106,16 @@ def el(tag: str, *children: object, **attributes: object) -> Html:
 # Colour pairs (background, text): a background is never set without its text colour.
 TEXT = "#1f2328"  # text on the white card
 MUTED = "#57606a"  # secondary text on the white card
-CARD = f"background:#ffffff;color:{TEXT}"  # every display sits on its own light card, whatever the theme
+# Every display sits on its own light card, whatever the theme; `only light` and `forced-color-adjust` keep a
+# browser's forced dark mode (Chromium's auto-dark) and forced colours from repainting it (mid-scale oranges
+# turned brown there).
+CARD = f"background:#ffffff;color:{TEXT};color-scheme:only light;forced-color-adjust:none"
+
+# The one colour language of the views (docs/views.md, "Colours"):
+CHOSEN = "#0969da"  # the chosen token: outlined (or hatched, in plots) in blue
+CHOSEN_BACKGROUND = "#ddf4ff"  # a table cell of the chosen token
+REMOVED = ("#ffebe9", "#a40e26")  # a removed token: background, struck-through text
+BAR = "#6baed6"  # a probability bar of a token not chosen
 
 
 def prob_colour(prob: float) -> str:

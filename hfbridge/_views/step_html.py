@@ -16,21 +16,23 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from hfbridge._views.html import CARD, MONO, MUTED, ROOT_STYLE, TEXT, Html, el, join
+from hfbridge._views.html import BAR, CARD, CHOSEN, CHOSEN_BACKGROUND, MONO, MUTED, ROOT_STYLE, TEXT, Html, el, join
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.step_record import StepRecord
 
 __all__ = ["step_html"]
 
-_CHOSEN = f"background:#fdd0a2;color:{TEXT}"  # the chosen token's cell: a pair, like every colour here
+# the chosen token's cell: a pair, like every colour here, and the views' blue outline
+_CHOSEN = f"background:{CHOSEN_BACKGROUND};color:{TEXT};outline:2px solid {CHOSEN};outline-offset:-2px"
 _STRIPES = ("#ffffff", "#f6f8fa")
-_CELL = "text-align:left;white-space:nowrap;padding:1px 6px 1px 3px;vertical-align:top"
+_CELL = "text-align:left;white-space:nowrap;padding:1px 4px 1px 3px;vertical-align:top"
+_WRAPPED = "text-align:left;padding:1px 4px 1px 3px;vertical-align:top;max-width:7em"  # "2008 scores (none shown)"
 # A token chip: its own colours and box, so that a notebook's `code` style (JupyterLab's dark theme
 # gives `code` a dark grey background and light text) does not reach inside the light card.
 _CHIP = f"font-family:{MONO};white-space:pre;background:transparent;color:inherit;padding:0;border:0;font-size:inherit"
 # A header: wraps between the words of a long name (`<wbr>`), and anywhere in a long value.
-_HEAD = ("text-align:left;vertical-align:top;padding:1px 6px 4px 3px;max-width:14em;overflow-wrap:anywhere;"
+_HEAD = ("text-align:left;vertical-align:top;padding:1px 4px 4px 3px;max-width:10em;overflow-wrap:anywhere;"
          "line-height:1.3")
 _WORD = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -62,8 +64,8 @@ def step_html(trace: StepRecord) -> str:
             token_id, score, prob = stage.top_ids[rank], stage.top_scores[rank], stage.top_probs[rank]
             chosen = token_id == trace.token
             # An inline bar (not a CSS gradient) renders the same in every notebook front end.
-            bar = el("span", style=f"display:inline-block;height:0.7em;width:{max(1, round(28 * prob))}px;"
-                                   f"background:{'#e6550d' if chosen else '#6baed6'};margin-left:4px")
+            bar = el("span", style=f"display:inline-block;height:0.7em;width:{max(1, round(20 * prob))}px;"
+                                   f"background:{CHOSEN if chosen else BAR};margin-left:3px")
             style = _CELL + (f";font-weight:bold;{_CHOSEN}" if chosen else "")
             cells.append(el(
                 "td",
@@ -74,16 +76,17 @@ def step_html(trace: StepRecord) -> str:
     changed = ["" if s.changed is None else trace.changed_text(n).replace("changed ", "")
                for n, s in enumerate(trace.stages)]
     for title, values in (("possible", [str(s.possible) for s in trace.stages]),
-                          ("entropy (nats)", [f"{s.entropy:.3f}" for s in trace.stages]),
+                          ("entropy", [f"{s.entropy:.3f}" for s in trace.stages]),
                           ("changed", changed)):
-        body.append(el("tr", el("td", title, style=f"text-align:right;color:{MUTED};white-space:nowrap"),
-                       *(el("td", value, style=_CELL) for value in values),
+        body.append(el("tr", el("td", title, style=f"text-align:right;color:{MUTED};white-space:nowrap",
+                               title="in nats" if title == "entropy" else None),
+                       *(el("td", value, style=_CELL if title != "changed" else _WRAPPED) for value in values),
                        style=f"border-top:1px solid #d0d7de;background:#ffffff;color:{TEXT}"))
     return el(
         "div",
         el("b", f"explain_step: {trace.summary()}"), el("br"),
         el("span", "each cell: token and probability (bar); hover a cell for the token's id and score; the chosen "
-                   "token is highlighted",
+                   "token is outlined in blue; entropy in nats",
            style=f"font-size:85%;color:{MUTED}"),
         _table(head, body),
         class_="hfbridge-step",
@@ -94,4 +97,4 @@ def step_html(trace: StepRecord) -> str:
 
 def _table(head: list[Html], body: list[Html]) -> Html:
     return el("table", el("thead", el("tr", *head)), el("tbody", *body),
-              style=f"border-collapse:collapse;font-size:90%;margin-top:4px;{CARD}")
+              style=f"border-collapse:collapse;font-size:85%;margin-top:4px;{CARD}")

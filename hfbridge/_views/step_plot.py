@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hfbridge._views.html import CHOSEN
+
 if TYPE_CHECKING:
     from hfbridge._views.step_record import Stage, StepRecord
 
@@ -53,7 +55,7 @@ def plot_step(trace: StepRecord, *, top: int | None = None, ax: Any = None) -> A
         chosen = token_id == trace.token
         ax.bar(
             x, shown[:, i].tolist(), bottom=bottom.tolist(), color=colors(i % colors.N), width=0.6,
-            edgecolor="black" if chosen else "white", linewidth=1.2 if chosen else 0.5,
+            edgecolor=CHOSEN if chosen else "white", linewidth=1.6 if chosen else 0.5,  # the views' blue
             hatch="//" if chosen else None,
             label=trace.token_label(token_id) + ("  (chosen)" if chosen else ""),
         )

@@ -162,8 +162,9 @@ def params_text(params: dict[str, Any]) -> str:
 
 
 def _shown(params: dict[str, Any]) -> dict[str, Any]:
-    """Parameters worth displaying: HF's default `min_tokens_to_keep=1` only adds noise."""
-    return {k: v for k, v in params.items() if not (k == "min_tokens_to_keep" and v == 1)}
+    """Parameters worth displaying: HF's default `min_tokens_to_keep=1` only adds noise, and a
+    `repetition_penalty` of 1 is off (the penalties' window carries one, 1 unless it was set)."""
+    return {k: v for k, v in params.items() if not (k in ("min_tokens_to_keep", "repetition_penalty") and v == 1)}
 
 
 def _clip(text: str, width: int) -> str:

@@ -58,6 +58,10 @@ class KVCache:
     each token seeing between half a block and a block of context. ``start`` counts the positions
     dropped so far.
 
+    Assisted decoding and banned strings take positions back: :meth:`crop` keeps the first ``length``
+    positions of the sequence, whether or not the cache slid since (hfbridge calls it for you through
+    ``ReturnsCache(model.forward_cached)``).
+
     >>> model = DemoLM(DemoConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=8, block_size=8))
     >>> cache = model.new_cache()
     >>> _ = model(torch.tensor([[1, 2, 3]]), cache=cache)
@@ -65,17 +69,49 @@ class KVCache:
     3
     """
 
-    def __init__(self, n_layer: int) -> None:
+    def __init__(self, n_layer: int, block_size: int = 256) -> None:
+        self.block_size = block_size  # the model's; a crop to before `start` computes half of it again
         self.keys: list[torch.Tensor | None] = [None] * n_layer  # each [B, H, S, D]
         self.values: list[torch.Tensor | None] = [None] * n_layer
         self.ids: torch.Tensor | None = None  # [B, S]: the tokens of the cached positions, to slide
         self.start = 0  # positions of the sequence dropped from the front
+        self.dropped: torch.Tensor | None = None  # [B, start]: their tokens, for a crop to before `start`
+        self.pending: torch.Tensor | None = None  # [B, P]: tokens the next call computes again first
 
     def restart(self, start: int) -> None:
         """Empty the cache, whose next position is ``start`` of the sequence."""
         self.keys = [None] * len(self.keys)
         self.values = [None] * len(self.values)
-        self.ids, self.start = None, start
+        self.ids, self.start, self.pending = None, start, None
+
+    def crop(self, length: int) -> KVCache:
+        """Keep the first ``length`` positions of the sequence; returns this cache, cropped in place.
+
+        A ``length`` after :attr:`start` cuts the stored keys, values and ids. One at or before it (the
+        positions were slid out) empties the cache and has the next call compute the last half block
+        before ``length`` again from position 0, as a slide does.
+
+        >>> model = DemoLM(DemoConfig(n_layer=1, n_embd=16, n_head=2, vocab_size=8, block_size=8))
+        >>> cache = model.new_cache()
+        >>> _ = model(torch.tensor([[1, 2, 3, 4, 5]]), cache=cache)
+        >>> cache.crop(3).length, cache.ids
+        (3, tensor([[1, 2, 3]]))
+        """
+        held = self.pending if self.pending is not None else self.ids  # [B, S]: after `start`
+        if held is None or length >= self.start + held.shape[1]:
+            return self
+        if self.pending is None and length > self.start:
+            kept = length - self.start
+            self.keys = [None if k is None else k[:, :, :kept] for k in self.keys]
+            self.values = [None if v is None else v[:, :, :kept] for v in self.values]
+            self.ids = held[:, :kept]
+            return self
+        seen = held if self.dropped is None else torch.cat([self.dropped, held], dim=1)  # [B, start + S]
+        first = max(length - self.block_size // 2, 0)
+        self.restart(first)
+        self.dropped = seen[:, :first] if first else None
+        self.pending = seen[:, first:length] if length > first else None
+        return self
 
     @property
     def length(self) -> int:
@@ -159,7 +195,7 @@ class DemoLM(nn.Module):
 
     def new_cache(self) -> KVCache:
         """An empty :class:`KVCache` for this model."""
-        return KVCache(self.config.n_layer)
+        return KVCache(self.config.n_layer, self.config.block_size)
 
     def forward_cached(
         self,
@@ -195,6 +231,9 @@ class DemoLM(nn.Module):
         """
         if idx.dim() != 2 or idx.dtype != torch.long:
             raise ValueError(f"idx: expected a [batch, time] long tensor, got {idx.dtype} of shape {tuple(idx.shape)}")
+        if cache is not None and cache.pending is not None:  # cropped to before a slide: compute them again
+            pending, cache.pending, new = cache.pending, None, idx.shape[1]
+            return self(torch.cat([pending, idx], dim=1), cache=cache, attention_mask=attention_mask)[:, -new:]
         batch, new = idx.shape
         past = 0 if cache is None else cache.length
         block = self.config.block_size
@@ -204,10 +243,16 @@ class DemoLM(nn.Module):
         if cache is not None and past and past + new > block and new <= block:
             return self._slide(idx, cache, attention_mask)
         total = past + new
+        if total > block and cache is None:
+            raise ValueError(
+                f"idx: {new} positions exceed block_size={block}, the positions the model learned; for a longer "
+                "generation call it through its KV cache, which slides: generate(ReturnsCache(model.forward_cached), "
+                "...) (ReturnsCache is hfbridge's)"
+            )
         if total > block:
             raise ValueError(
-                f"idx: {past} cached + {new} new positions exceed block_size={block}; "
-                "use a shorter prompt or fewer new tokens"
+                f"idx: {past} cached + {new} new positions exceed block_size={block}; a prompt (or one call's new "
+                f"tokens) must fit in {block} positions"
             )
         if attention_mask is None:
             attention_mask = torch.ones(batch, total, dtype=torch.long, device=idx.device)
@@ -244,5 +289,7 @@ class DemoLM(nn.Module):
                     f"{cache.start + seen.shape[1]} (the whole sequence), got {tuple(attention_mask.shape)}"
                 )
             attention_mask = attention_mask[:, -keep:]
+        history = seen if cache.dropped is None else torch.cat([cache.dropped, seen], dim=1)  # [B, start + S + T]
         cache.restart(cache.start + seen.shape[1] - keep)
+        cache.dropped = history[:, :cache.start]
         return self(seen[:, -keep:], cache=cache, attention_mask=attention_mask)[:, -new:]  # [B, T, V]

@@ -444,6 +444,25 @@ def test_crop_cache_errors():
         crop_cache({"state": 3}, 1)
     with pytest.raises(ValueError, match="`length` must be an int >= 0"):
         crop_cache(None, -1)
+    with pytest.raises(CacheTypeError, match=r"^cache\['kv'\].crop\(2\) returned None; it must return the cropped "
+                                             r"cache\.$"):
+        crop_cache({"kv": _CropsItself(None)}, 2)
+
+
+class _CropsItself:
+    """A cache object with its own `crop(length)` (as the demo model's `KVCache`)."""
+
+    def __init__(self, result):
+        self.result, self.lengths = result, []
+
+    def crop(self, length):
+        self.lengths.append(length)
+        return self.result
+
+
+def test_crop_cache_calls_a_caches_own_crop():
+    cache = _CropsItself("cropped")
+    assert crop_cache([cache], 3, cached=5) == ["cropped"] and cache.lengths == [3]
 
 
 # ------------------------------------------------------------------------------------------

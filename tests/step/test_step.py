@@ -212,6 +212,26 @@ def test_token_id_beyond_the_vocabulary():
     )
 
 
+def test_errors_say_the_fix_for_one_d_and_vocab_first_logits():
+    with pytest.raises(ValueError) as error:
+        sample_step(torch.randn(5), torch.tensor([[1, 2]]))  # one row of logits, a batch of input_ids
+    assert str(error.value) == (
+        "`input_ids` of shape (1, 2) do not match the logits: expected ('seq',) (logits batch (), 1 rows), got "
+        "batch (1,). 1-D logits (vocab,) are one row, whose input_ids are 1-D (seq,): pass input_ids[0], or "
+        "logits[None] for a batch of one."
+    )
+    logits = torch.randn(1, 300, 3)  # [B, V, T]: read as [B, T, V] by default, a vocabulary of 3
+    with pytest.raises(ValueError) as error:
+        sample_step(logits, torch.tensor([[275, 2, 1]]))
+    assert str(error.value) == (
+        "`input_ids` hold token id 275, outside the vocabulary of 3 tokens (ids must be in [0, 3); vocab_size=None). "
+        "The vocabulary is read from the logits' last axis (3); if it is another axis (logits [batch, vocab, seq]), "
+        'say so with layout=, e.g. layout="b v t".'
+    )
+    assert torch.equal(sample_step(logits, torch.tensor([[275, 2, 1]]), layout="b v t"),
+                       logits[:, :, -1].argmax(-1))  # the fix the message names
+
+
 def test_negative_token_id():
     ids = context(0)
     ids[0, 0] = -1

@@ -26,7 +26,7 @@ def kept(scores):
 
 
 def chains(temperature, top_p):
-    """The B=1 chains of the issue's table, at one temperature and top_p."""
+    """The B=1 chains of `benchmarks/step.py --targets`, at one temperature and top_p."""
     warm = [hf.TemperatureLogitsWarper(temperature)]
     return {
         "top-p": warm + [hf.TopPLogitsWarper(top_p)],
@@ -100,7 +100,7 @@ def test_draw_one_row_follows_the_distribution():
 
 
 def test_sampler_steps_follow_hfs_distribution():
-    # A whole Sampler step at B=1 (the route the issue's B=1 target measures), many steps.
+    # A whole Sampler step at B=1 (the route the benchmark's B=1 target measures), many steps.
     x = torch.tensor([[2.0, 1.5, 1.5, 1.0, 0.3, -0.5, -1.0, -3.0, 0.9, 1.2, NEG_INF, 0.1]])
     sampler = Sampler(temperature=0.8, top_p=0.9, top_k=0, fast=True, generator=torch.Generator().manual_seed(2))
     processors = LogitsProcessorList([hf.TemperatureLogitsWarper(0.8), hf.TopPLogitsWarper(0.9)])
