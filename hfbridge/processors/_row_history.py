@@ -15,11 +15,11 @@ to `P` had (`states`, `(rows, P + 1, K)`, with `known` marking the lengths seen)
 Rows are matched across the batch, so transformers' beam search (which reorders rows without telling
 the processors) is followed too: among the rows with the right tokens, the same row first (where a
 loop's `reorder` put the row's own history), then a row with the same per-row values (the `RowParam`s
-given to `RowHistory`). Two rows with the same tokens and
-the same values have the same state, so the choice among them does not matter; rows of two prompts
-that are alike (identical prompts, one beam of each) but have other values are told apart by them.
-`reorder`, `rollback` and `reset` are the stateful protocol's calls (`_stateful.py`); all of it runs on
-the device, with no host read.
+given to `RowHistory`). Two rows with the same tokens and the same values have the same state, so the
+choice among them does not matter; the beams of two identical prompts with other values are told
+apart by their values. `reorder`, `rollback` and `reset` are the stateful protocol's calls
+(`_stateful.py`); all of it runs on the device, with no host read (on the CPU, where a read is free,
+the plain step, every row continuing its own, is recognised with two).
 
 >>> history = RowHistory()
 >>> ids = torch.tensor([[1, 2], [3, 4]])
