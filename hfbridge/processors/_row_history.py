@@ -12,9 +12,14 @@ to `P` had (`states`, `(rows, P + 1, K)`, with `known` marking the lengths seen)
   call's length, for samplers whose update needs that call's distribution);
 - neither: the row starts fresh.
 
-Rows are matched across the batch, preferring the same row, so transformers' beam search (which
-reorders rows without telling the processors) is followed too. `reorder`, `rollback` and `reset`
-are the stateful protocol's calls (`_stateful.py`); all of it runs on the device, with no host read.
+Rows are matched across the batch, so transformers' beam search (which reorders rows without telling
+the processors) is followed too: among the rows with the right tokens, the same row first (where a
+loop's `reorder` put the row's own history), then a row with the same per-row values (the `RowParam`s
+given to `RowHistory`). Two rows with the same tokens and the same values have the same state, so the
+choice among them does not matter; the beams of two identical prompts with other values are told
+apart by their values. `reorder`, `rollback` and `reset` are the stateful protocol's calls
+(`_stateful.py`); all of it runs on the device, with no host read (on the CPU, where a read is free,
+the plain step, every row continuing its own, is recognised with two).
 
 >>> history = RowHistory()
 >>> ids = torch.tensor([[1, 2], [3, 4]])
@@ -33,6 +38,9 @@ from typing import NamedTuple
 
 import torch
 
+from hfbridge.processors._host import host_path
+from hfbridge.processors._rows import RowParam
+
 __all__ = ["Found", "RowHistory"]
 
 
@@ -44,12 +52,20 @@ class Found(NamedTuple):
     previous: torch.Tensor  # [B] bool: not a repeat, and S(L - 1) is known
     at: torch.Tensor  # [B, K] S(L) where `repeat` (else anything)
     before: torch.Tensor  # [B, K] S(L - 1) where `previous` (else anything)
+    own: bool = False  # known on the host: every row continues its own row of the last call
 
 
 class RowHistory:
-    """The tokens and per-length states of the rows a stateful sampler has seen (see the module)."""
+    """The tokens and per-length states of the rows a stateful sampler has seen (see the module).
 
-    def __init__(self) -> None:
+    Args:
+        *params: The sampler's parameters whose per-row values a row's state depends on (mirostat's
+            `tau` and `eta`, ...): a row continues a row with its own values before any other.
+    """
+
+    def __init__(self, *params: RowParam) -> None:
+        self.params = params
+        self._kinds: dict[tuple[int, torch.device], torch.Tensor | None] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -57,6 +73,21 @@ class RowHistory:
         self.ids: torch.Tensor | None = None  # [B, P] the last call's tokens (-1 after a rollback's cut)
         self.states: torch.Tensor | None = None  # [B, P + 1, K] S(n) for n = 0..P
         self.known: torch.Tensor | None = None  # [B, P + 1] bool
+        self.kinds: torch.Tensor | None = None  # [B] long: rows of one kind have the same per-row values
+
+    def kinds_for(self, rows: int, device: torch.device) -> torch.Tensor | None:
+        """`(rows,)` long, equal for rows whose per-row values are all equal; None when every row has the same.
+
+        Made once per (rows, device) from the host values: no device read.
+        """
+        key = (rows, device)
+        if key not in self._kinds:
+            per_row = [param.for_rows(rows) for param in self.params if not param.scalar]
+            values = list(zip(*per_row)) if per_row else []
+            kinds = {value: kind for kind, value in enumerate(dict.fromkeys(values))}
+            self._kinds[key] = None if len(kinds) <= 1 else torch.tensor([kinds[value] for value in values],
+                                                                           device=device)
+        return self._kinds[key]
 
     @property
     def length(self) -> int | None:
@@ -76,9 +107,19 @@ class RowHistory:
         past = ids.shape[1]
         if length == 0 or length - 1 > past:
             return Found(torch.zeros(rows, dtype=torch.long, device=device), none, none, blank, blank)
+        if length - 1 == past and ids.shape[0] == rows and host_path(input_ids, ids) \
+                and bool(known[:, past].all()) and torch.equal(input_ids[:, :past], ids):
+            # the plain step, every row continuing its own row of the last call: the general path's answer
+            # from two host reads (free on the CPU) instead of its comparisons across the batch
+            before = states[:, past].to(dtype)  # [B, K]
+            return Found(torch.arange(rows, device=device), none, ~none, before, before, own=True)
         # [B, B'] the first L - 1 tokens agree (L - 1 <= P)
         same = (input_ids[:, None, :length - 1] == ids[None, :, :length - 1]).all(-1)
-        prefer = 1.0 + (torch.arange(rows, device=device)[:, None] == torch.arange(ids.shape[0], device=device))
+        # [B, B'] the same row first (a loop's `reorder` put it there), then a row with the same per-row values
+        prefer = 1.0 + 4.0 * (torch.arange(rows, device=device)[:, None] == torch.arange(ids.shape[0], device=device))
+        kinds = self.kinds_for(rows, device)
+        if kinds is not None and self.kinds is not None and self.kinds.shape[0] == ids.shape[0]:
+            prefer = prefer + 2.0 * (kinds[:, None] == self.kinds[None, :])
         previous_ok = same & known[None, :, length - 1]
         if last_only and length - 1 != past:
             previous_ok = torch.zeros_like(previous_ok)
@@ -97,15 +138,19 @@ class RowHistory:
         """Remember this call: its tokens, and `state` `(rows, K)` as `S(L)` after the source rows' history."""
         rows, length = input_ids.shape
         matched = found.repeat | found.previous  # [B]
-        state = state.reshape(rows, -1)
+        state = state[:, None] if state.ndim == 1 else state  # [B, K] (an empty batch too)
         if self.states is not None and self.known is not None and self.states.device == state.device \
                 and self.states.shape[-1] == state.shape[-1] and length <= self.states.shape[1]:
-            earlier = self.states[found.source, :length].to(state.dtype)  # [B, L, K]
-            earlier_known = self.known[found.source, :length] & matched[:, None]  # [B, L]
+            if found.own:  # no rows to gather
+                earlier, earlier_known = self.states[:, :length].to(state.dtype), self.known[:, :length]
+            else:
+                earlier = self.states[found.source, :length].to(state.dtype)  # [B, L, K]
+                earlier_known = self.known[found.source, :length] & matched[:, None]  # [B, L]
         else:
             earlier = torch.zeros(rows, length, state.shape[-1], dtype=state.dtype, device=state.device)
             earlier_known = torch.zeros(rows, length, dtype=torch.bool, device=state.device)
         self.ids = input_ids
+        self.kinds = self.kinds_for(rows, input_ids.device)
         self.states = torch.cat([earlier, state[:, None]], dim=1)  # [B, L + 1, K]
         self.known = torch.cat([earlier_known, torch.ones(rows, 1, dtype=torch.bool, device=state.device)], dim=1)
 
@@ -115,6 +160,8 @@ class RowHistory:
             return
         index = beam_idx.to(self.ids.device).long()
         self.ids, self.states, self.known = self.ids[index], self.states[index], self.known[index]
+        if self.kinds is not None:
+            self.kinds = self.kinds[index]
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Row `i` now has `lengths[i]` tokens: what came after is forgotten (no repeat beyond it)."""

@@ -67,7 +67,7 @@ class AdaptivePLogitsWarper(LogitsProcessor):
 
     def reset(self) -> None:
         """Forget every row: the next call starts each one fresh."""
-        self._history = RowHistory()
+        self._history = RowHistory(self.target, self.decay)
         self._probs: torch.Tensor | None = None  # [B, V] last call's p where kept, NaN where removed
         self._buffer: torch.Tensor | None = None  # [B, V] the host path's p, kept for the next call
         self.state: torch.Tensor | None = None

@@ -9,9 +9,11 @@ token chosen, `X = input_ids[:, -1]`, updates the row's state:
 
 `mu` starts at `2 * tau` in every new sequence: a row of a call whose `input_ids` extend none of the
 previous call's rows by one token (another batch, another prompt, a new `generate`) starts fresh,
-so one instance can serve several `generate` calls, HF's included. A row that extends another row of
-the previous call (HF's beam search reorders rows without telling the processors) takes that row's
-state. A chosen token outside the kept set (something after mirostat chose it) leaves `mu` as it is.
+so one instance can serve several `generate` calls, HF's included. One state per row, following rows
+by their tokens (`_row_history.py`): a row that extends another row of the previous call (HF's beam
+search reorders rows without telling the processors) takes that row's state, and a call on tokens
+seen before takes the state it had then. A chosen token outside the kept set (something after
+mirostat chose it) leaves `mu` as it is.
 
 It follows the stateful protocol (`processors/_stateful.py`) too: `reset()`, `reorder(beam_idx)` and
 `rollback(lengths)` (back to the `mu` of the call on that many tokens), which hfbridge's loops call.
@@ -43,11 +45,10 @@ import torch
 from transformers import LogitsProcessor
 
 from hfbridge.processors._host import fused_path, scores_owned, scratch
+from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam, gate
 
 __all__ = ["MirostatLogitsWarper"]
-
-_HISTORY = 4096  # calls whose mu `rollback` can return to
 
 
 class MirostatLogitsWarper(LogitsProcessor):
@@ -69,40 +70,25 @@ class MirostatLogitsWarper(LogitsProcessor):
     def reset(self) -> None:
         """Forget every row's state: the next call starts with `mu = 2 * tau`."""
         self.mu: torch.Tensor | None = None  # [B]
-        self._ids: torch.Tensor | None = None  # [B, T] the last call's input_ids
+        self._history = RowHistory(self.tau, self.eta)  # each row's mu per length, and the last call's tokens
         self._weights: torch.Tensor | None = None  # [B, V] last call's kept weights (any scale per row), else 0
         self._buffer: torch.Tensor | None = None  # [B, V] the host path's probabilities, kept for the next call
         self._kept_total: torch.Tensor | None = None  # [B, 1] their sum
-        self._history: dict[int, torch.Tensor] = {}  # input length -> [B] the mu used at that call
-        self._resume: tuple[torch.Tensor, torch.Tensor] | None = None  # ([B] mu, [B] bool) set by `rollback`
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Row `i` now continues what row `beam_idx[i]` was (HF's beam reorder); no host read."""
+        self._history.reorder(beam_idx)
         index = beam_idx.long()
-        for name in ("mu", "_ids", "_weights", "_kept_total"):
+        for name in ("mu", "_weights", "_kept_total"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value.index_select(0, index.to(value.device)))
-        if self._resume is not None:
-            self._resume = tuple(part.index_select(0, index.to(part.device)) for part in self._resume)  # type: ignore
-        self._history = {length: mu.index_select(0, index.to(mu.device)) for length, mu in self._history.items()}
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Each row's sequence now has `lengths[i]` tokens: its `mu` becomes the one the call on that many
         tokens used, as if the tokens after had never been seen (one past the last call continues it as usual).
         No host read."""
-        if self.mu is None:
-            return
-        lengths = lengths.long().to(self.mu.device)  # [B]
-        known = sorted(length for length, mu in self._history.items() if mu.shape == self.mu.shape)
-        if not known:
-            return
-        stacked = torch.stack([self._history[length] for length in known])  # [L, B]
-        table = torch.tensor(known, device=self.mu.device)  # [L]
-        match = lengths[None, :] == table[:, None]  # [L, B]
-        found = match.any(0)  # [B]
-        picked = stacked.gather(0, match.long().argmax(0)[None, :]).squeeze(0)  # [B]
-        self._resume = (picked, found)  # rows not found: one past the last call continues it, else fresh
+        self._history.rollback(lengths)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows = scores.shape[0]  # [B, V]
@@ -122,12 +108,7 @@ class MirostatLogitsWarper(LogitsProcessor):
             kept = scores + removal
             self._weights = weights.mul_(removal.clamp_(min=-1.0).add_(1.0))  # kept weights, 0 elsewhere
             self._kept_total = weights.sum(-1, keepdim=True)  # [B, 1]; p'(X) = weights[X] / kept_total
-        self._ids = input_ids  # generate makes a new tensor each step; the old one is not written
         self.mu = mu
-        if input_ids is not None:
-            self._history[input_ids.shape[1]] = mu
-            if len(self._history) > _HISTORY:
-                del self._history[min(self._history)]
         return kept
 
     def _on_host(self, scores: torch.Tensor, mu: torch.Tensor) -> torch.Tensor | None:
@@ -155,43 +136,32 @@ class MirostatLogitsWarper(LogitsProcessor):
         self._weights, self._kept_total = probs, probs.sum(-1, keepdim=True)  # p'(X) = probs[X] / kept total
         return kept
 
-    def _next_mu(self, input_ids: torch.Tensor, tau: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """Each row's mu for this call: updated from the token chosen after the last call, or 2 tau.
+    def _next_mu(self, input_ids: torch.Tensor | None, tau: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Each row's mu for this call: its earlier state, updated by the token chosen since, or 2 tau.
 
-        A row continues the row of the last call whose tokens are its own but the last: the same row
-        when it does (greedy, sampling), else the first that does (HF's beam search reorders the rows
-        without telling the processors); a row that continues none starts fresh.
+        A row takes the state of the row of an earlier call with its tokens (`_row_history.py`): the
+        same row when it does (greedy, sampling), else one with the same per-row values (HF's beam
+        search reorders the rows without telling the processors); the update reads the last call's
+        kept weights, so only a row continuing the last call is updated; any other row starts fresh.
         """
         fresh = 2 * tau
+        history = self._history
         if input_ids is None:
+            history.reset()  # nothing to follow rows by: the next call starts fresh too
             return fresh
-        resume, self._resume = self._resume, None
-        mu = self._continued(input_ids, tau, scores, fresh)
-        if resume is not None and resume[0].shape == fresh.shape:
-            mu = torch.where(resume[1], resume[0].to(fresh.dtype), mu)
+        found = history.lookup(input_ids, width=1, dtype=scores.dtype, last_only=True)
+        mu = torch.where(found.repeat, found.at[:, 0], fresh)
+        weights, total = self._weights, self._kept_total
+        if weights is not None and total is not None and weights.shape[1] == scores.shape[1] \
+                and weights.device == scores.device and input_ids.shape[1]:
+            chosen = input_ids[:, -1:].long().clamp(0, weights.shape[1] - 1)  # [B, 1]
+            p = (weights[found.source[:, None], chosen] / total[found.source])[:, 0]  # [B] p'(X), 0 if not kept
+            eta = self.eta.tensor(scores.shape[0], scores.device, scores.dtype)
+            before = found.before[:, 0]
+            updated = torch.where(p > 0, before - eta * (-torch.log2(p) - tau), before)
+            mu = torch.where(found.previous, updated, mu)
+        history.record(input_ids, found, mu[:, None])
         return mu
-
-    def _continued(self, input_ids: torch.Tensor, tau: torch.Tensor, scores: torch.Tensor,
-                   fresh: torch.Tensor) -> torch.Tensor:
-        last = self._ids
-        rows, length = input_ids.shape
-        if (last is None or self.mu is None or self._weights is None or self._kept_total is None
-                or last.shape[1] != length - 1 or self._weights.shape[1] != scores.shape[1]
-                or last.device != input_ids.device):
-            return fresh
-        same = (input_ids[:, None, :-1] == last[None, :, :]).all(-1)  # [B, B_last]: row i continues row j
-        found = same.any(-1)  # [B]
-        own = torch.arange(rows, device=input_ids.device)
-        diagonal = same.diagonal() if rows == last.shape[0] else torch.zeros_like(found)
-        source = torch.where(diagonal, own.clamp(max=last.shape[0] - 1), same.long().argmax(-1))  # [B]
-        chosen = input_ids[:, -1:].long()  # [B, 1]
-        weights = self._weights[source[:, None], chosen]  # [B, 1]: one weight per row, no copy of the rows
-        p = (weights / self._kept_total.index_select(0, source)).squeeze(1)  # [B] p'(X)
-        surprise = -torch.log2(p)
-        eta = self.eta.tensor(rows, scores.device, scores.dtype)
-        previous = self.mu.index_select(0, source)
-        updated = torch.where(p > 0, previous - eta * (surprise - tau), previous)
-        return torch.where(found, updated, fresh)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(tau={self.tau}, eta={self.eta})"

@@ -76,7 +76,7 @@ class MirostatV1LogitsWarper(LogitsProcessor):
 
     def reset(self) -> None:
         """Forget every row's state: the next call starts each one with `mu = 2 * tau`."""
-        self._history = RowHistory()
+        self._history = RowHistory(self.tau, self.eta, self.m)
         self._weights: torch.Tensor | None = None  # [B, V] last call's exp(score - best) where kept, else 0
         self._listed: tuple[torch.Tensor, torch.Tensor, int] | None = None  # or ([B, K] ids, their weights, V)
         self._kept_total: torch.Tensor | None = None  # [B, 1] their sum

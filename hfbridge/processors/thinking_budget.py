@@ -93,7 +93,7 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
 
     def reset(self) -> None:
         """Forget every row."""
-        self._history = RowHistory()
+        self._history = RowHistory(self.budget)
         self.phase: torch.Tensor | None = None
 
     def reorder(self, beam_idx: torch.Tensor) -> None:

@@ -17,6 +17,12 @@ import torch
 from transformers import LogitsProcessorList
 
 from hfbridge import Recompute, ReturnsCache, generate
+from hfbridge.processors import (
+    AdaptivePLogitsWarper,
+    MirostatLogitsWarper,
+    MirostatV1LogitsWarper,
+    ThinkingBudgetLogitsProcessor,
+)
 
 from _tiny_models import model_cache, positions, recompute_callable
 
@@ -170,3 +176,82 @@ def test_prompt_lookup_rolls_a_stateful_processor_back():
     plain = generate(all_logits_cached(hf), LOOKUP_PROMPT, processors=[plain_processor], max_new_tokens=12,
                      eos_token_id=0)
     assert torch.equal(ours, plain)
+
+
+class Logged:
+    """A stateful processor's calls, each with its state after it (the protocol's calls passed on)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __call__(self, input_ids, scores):
+        out = self.inner(input_ids, scores)
+        # HF's prompt lookup screens candidates with the processors on constant logits: not a step
+        if not bool((scores == scores[:, :1]).all()):
+            self.calls.append((input_ids.clone(), _state(self.inner)))
+        return out
+
+    def reset(self):
+        self.inner.reset()
+
+    def reorder(self, beam_idx):
+        self.inner.reorder(beam_idx)
+
+    def rollback(self, lengths):
+        self.inner.rollback(lengths)
+
+
+def _state(processor):
+    for name in ("mu", "state", "phase"):
+        if getattr(processor, name, None) is not None:
+            return getattr(processor, name).clone()
+    raise AssertionError(type(processor).__name__)
+
+
+STATEFUL = {
+    "mirostat 2": lambda: MirostatLogitsWarper(3.0, 0.3),
+    "mirostat 1": lambda: MirostatV1LogitsWarper(3.0, 0.3),
+    "adaptive-p": lambda: AdaptivePLogitsWarper(0.3, 0.9),
+    "thinking budget": lambda: ThinkingBudgetLogitsProcessor(3, [2], [30]),
+}
+TABLE = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * 2
+DRAFTERS = {
+    "prompt_lookup": dict(prompt_lookup_num_tokens=3),
+    "assistant": dict(assistant_model=lambda ids: (TABLE + TABLE.flip(0))[ids], num_assistant_tokens=4,
+                      assistant_confidence_threshold=0.0),
+}
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+@pytest.mark.parametrize("name", list(STATEFUL))
+def test_rejected_drafts_leave_no_state_behind(name, drafter):
+    # after a rejected draft token the last accepted token is the target's own: the state at every step must be
+    # the one a fresh processor reaches on the accepted tokens, one call per position
+    logged = Logged(STATEFUL[name]())
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 5]])
+    torch.manual_seed(1)
+    out = generate(lambda ids: TABLE[ids], prompt, max_new_tokens=20, do_sample=True, top_k=0, processors=[logged],
+                   **DRAFTERS[drafter])
+    fresh, expected = STATEFUL[name](), {}
+    for length in range(prompt.shape[1], out.shape[1]):  # no call after the last token
+        fresh(out[:, :length], TABLE[out[:, length - 1]])
+        expected[length] = _state(fresh)
+    steps = [(ids.shape[1], state) for ids, state in logged.calls if torch.equal(ids, out[:, :ids.shape[1]])]
+    assert {length for length, _ in steps} == set(expected)
+    for length, state in steps:
+        torch.testing.assert_close(state, expected[length], rtol=0, atol=1e-5, msg=f"at length {length}")
+    assert len(logged.calls) > len(steps)  # some draft tokens were rejected
+
+
+def test_the_replayed_step_leaves_the_random_draws_alone():
+    # XTC draws a coin at every call of the chain, the replayed one too: the run's RNG must not see it. A mirostat
+    # whose cut keeps every token changes no score, so the tokens are those of the run without it (no replay)
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 5]])
+    options = dict(max_new_tokens=16, do_sample=True, top_k=0, xtc_threshold=0.05, xtc_probability=0.5,
+                   prompt_lookup_num_tokens=3)
+    runs = []
+    for processors in ([], [Logged(MirostatLogitsWarper(100.0, 0.1))]):
+        torch.manual_seed(2)
+        runs.append(generate(lambda ids: TABLE[ids], prompt, processors=processors, **options))
+    assert torch.equal(runs[0], runs[1])
+    assert len(processors[0].calls) > runs[1].shape[1] - prompt.shape[1]  # drafts were rejected, steps replayed

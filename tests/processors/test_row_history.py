@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from _host_reads import HostReads
 
+from hfbridge import accelerator_route
 from hfbridge.processors._row_history import RowHistory
 
 
@@ -61,7 +62,29 @@ def test_reorder_and_no_host_reads():
     call(history, [[1, 2], [1, 2]], 0)
     history.states[:, -1, 0] = torch.tensor([10.0, 20.0])
     history.reorder(torch.tensor([1, 1]))
-    with HostReads() as reads:
+    with accelerator_route(), HostReads() as reads:  # what an accelerator runs (on CPU a host read is free)
         found = call(history, [[1, 2, 3], [1, 2, 4]], 0)
+        history.states[:, -1, 0] = torch.tensor([30.0, 40.0])
+        plain = history.lookup(torch.tensor([[1, 2, 3, 5], [1, 2, 4, 6]]))  # each row continues its own
     assert reads.count == 0, reads.ops
     assert found.before[:, 0].tolist() == [20.0, 20.0]
+    on_host = history.lookup(torch.tensor([[1, 2, 3, 5], [1, 2, 4, 6]]))  # the CPU's shortcut: the same answer
+    assert on_host.own and not plain.own
+    for mine, general in zip(on_host[:4], plain[:4]):
+        assert torch.equal(mine, general)
+    assert on_host.before[:, 0].tolist() == [30.0, 40.0]
+
+
+def test_rows_with_the_same_tokens_take_a_row_with_their_own_values():
+    from hfbridge.processors._rows import RowParam
+
+    history = RowHistory(RowParam("tau", [1.0, 1.0, 3.0, 3.0]), RowParam("eta", 0.1))
+    call(history, [[5, 9, 1], [5, 9, 2], [5, 9, 2], [5, 9, 1]], 0)
+    history.states[:, -1, 0] = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    found = history.lookup(torch.tensor([[5, 9, 1, 3], [5, 9, 2, 3], [5, 9, 1, 3], [5, 9, 2, 3]]))
+    assert found.source.tolist() == [0, 1, 3, 2]  # rows 2 and 3: the rows of tau 3 (the first match is tau 1's)
+    assert found.before[:, 0].tolist() == [10.0, 20.0, 40.0, 30.0]
+    assert RowHistory(RowParam("tau", [2.0, 2.0])).kinds_for(2, torch.device("cpu")) is None  # one kind: no test
+    history.reorder(torch.tensor([3, 3, 0, 0]))  # a loop that says where the rows went is followed
+    found = history.lookup(torch.tensor([[5, 9, 1, 7], [5, 9, 1, 7], [5, 9, 1, 7], [5, 9, 1, 7]]))
+    assert found.source.tolist() == [0, 1, 2, 3] and found.before[:, 0].tolist() == [40.0, 40.0, 10.0, 10.0]

@@ -8,7 +8,12 @@ import pytest
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge.processors import AdaptivePLogitsWarper, MirostatV1LogitsWarper, ThinkingBudgetLogitsProcessor
+from hfbridge.processors import (
+    AdaptivePLogitsWarper,
+    MirostatLogitsWarper,
+    MirostatV1LogitsWarper,
+    ThinkingBudgetLogitsProcessor,
+)
 from hfbridge.processors._stateful import is_stateful
 
 from _tiny_models import model_cache
@@ -63,3 +68,47 @@ def test_reset_forgets(name):
     processor(torch.tensor([[21, 3, 4]]), scores)
     processor.reset()
     assert torch.equal(processor(torch.tensor([[21, 3]]), scores), first)
+
+
+# per-row values: rows 0-1 one prompt's (two beams), rows 2-3 another's, which starts with the same tokens
+PER_ROW = {
+    "mirostat 2": lambda values: MirostatLogitsWarper(tau=values, eta=0.5),
+    "mirostat 1": lambda values: MirostatV1LogitsWarper(tau=values, eta=0.5),
+    "adaptive-p": lambda values: AdaptivePLogitsWarper(target=[v / 10 for v in values], decay=0.8),
+    "thinking budget": lambda values: ThinkingBudgetLogitsProcessor([int(v) for v in values], [5], [30]),
+}
+
+
+def _state(processor):
+    return {"mu": getattr(processor, "mu", None), "state": getattr(processor, "state", None),
+            "phase": getattr(processor, "phase", None)}
+
+
+@pytest.mark.parametrize("name", list(PER_ROW))
+def test_identical_prompts_with_other_values_keep_their_own_states(name):
+    # transformers' beam search moves rows within each prompt's block without telling the processor: a row
+    # whose tokens two prompts share takes the state of a row with its own per-row values, not the first one
+    scores = torch.randn(4, 40, generator=torch.Generator().manual_seed(0)) * 0.3  # near uniform: tokens kept
+    both, alone = PER_ROW[name]([1.0, 1.0, 3.0, 3.0]), PER_ROW[name]([3.0, 3.0])
+    calls = [[[5, 9]] * 4, [[5, 9, 1], [5, 9, 2], [5, 9, 2], [5, 9, 1]],
+             [[5, 9, 1, 3], [5, 9, 2, 3], [5, 9, 1, 3], [5, 9, 2, 3]], [[5, 9, 1, 3, 4]] * 4]
+    for ids in calls:
+        out = both(torch.tensor(ids), scores.clone())
+        assert torch.equal(out[2:], alone(torch.tensor(ids[2:]), scores[2:].clone()))
+    for key, value in _state(both).items():
+        if value is not None:
+            assert torch.equal(value[2:], _state(alone)[key]), key
+    assert any(value is not None and not torch.equal(value[:2], value[2:]) for value in _state(both).values())
+
+
+@pytest.mark.parametrize("name", ["mirostat 2", "mirostat 1", "adaptive-p"])
+def test_identical_prompts_with_other_values_in_transformers_beam_search(name):
+    hf = _model("llama")
+    prompt = torch.tensor([[3, 8, 21, 4, 3]])
+    options = dict(num_beams=2, num_return_sequences=2, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    both = hf.generate(prompt.repeat(2, 1), attention_mask=torch.ones(2, 5, dtype=torch.long),
+                       logits_processor=LogitsProcessorList([PER_ROW[name]([0.5, 0.5, 4.0, 4.0])]), **options)
+    for rows, value in ((slice(0, 2), 0.5), (slice(2, 4), 4.0)):  # each prompt as if it were alone
+        alone = hf.generate(prompt, attention_mask=torch.ones(1, 5, dtype=torch.long),
+                            logits_processor=LogitsProcessorList([PER_ROW[name]([value, value])]), **options)
+        assert torch.equal(both[rows], alone), f"\nboth:\n{both}\nalone ({value}):\n{alone}"

@@ -199,10 +199,10 @@ def assisted_decode(adapter: ModelAdapter, *, sequences: torch.Tensor, mask: tor
         host.config.vocab_size = _probe_vocab(adapter, sequences, mask, model_inputs, layout)
     else:
         host.config.vocab_size = int(sequences.max()) + 1  # wide enough to index any prompt token; see below
-    model_kwargs: dict[str, Any] = {"use_cache": True, names.LOOP_CACHE: host.cache_handle, **model_inputs}
-    if names.TRANSFORMERS_MAJOR < 5 or bool((mask == 0).any()):
-        # transformers 5's generate drops an all-ones mask; its assistant then infers one from the pad id
-        model_kwargs["attention_mask"] = mask
+    # the call's mask (passed, or inferred as for the target), which HF's loop hands on to the draft; without it
+    # the draft would infer one from the pad id, all zeros where the prompt is the pad token (T5's decoder start)
+    model_kwargs: dict[str, Any] = {"use_cache": True, names.LOOP_CACHE: host.cache_handle, **model_inputs,
+                                    "attention_mask": mask}
     result = run_assisted_decoding(host, sequences, processors=processors, user_processors=user_processors,
                                    criteria=criteria, config=config, streamer=streamer, assistant=assistant_host,
                                    model_kwargs=model_kwargs)

@@ -125,7 +125,10 @@ class TargetHost(LoopHost):
 
     Before each call after which the processors run again, stateful processors are rolled back to
     the sequence accepted so far (`rollback(lengths)`): they forget the rejected draft tokens, and
-    the candidates HF's prompt lookup screened with them.
+    the candidates HF's prompt lookup screened with them. After a rejected draft token the last
+    accepted token is the target's own, which the processors never saw: they go back to the length
+    before it (the last one whose tokens they saw and kept) and that call is replayed on the target's
+    logits there (`_replay_kept`), so that the next call continues it with the target's token.
     """
 
     def __init__(self, adapter: ModelAdapter, state: dict[str, Any], sampler: Sampler, *, device: torch.device,
@@ -141,6 +144,8 @@ class TargetHost(LoopHost):
         self.draft: DraftHost | None = None  # the assistant, when a draft model is the strategy
         self.probe_vocab: Callable[[], int] | None = None  # the target's logits width from a call on the prompt
         self.do_sample = False
+        # stateful processors only: the round's first length and its logits `[1, n, V]` (lengths first..first + n - 1)
+        self.round_logits: tuple[int, torch.Tensor] | None = None
 
     def crop(self, length: int) -> None:
         """Forget every position from `length` on (the rejected draft tokens)."""
@@ -174,6 +179,9 @@ class TargetHost(LoopHost):
             vocab_size=self.sampler.vocab_limit, rows=input_ids.shape[0], fed=fed, role="target"))
         logits = logits.to(input_ids.device)  # [1, fed, V]
         self._check_vocab(logits, input_ids, step)
+        if self.stateful:  # HF's loop writes the processed scores into these logits: a copy for `_replay_kept`
+            first = self.accepted if self.accepted is not None else self.prompt_length
+            self.round_logits = (first, logits[:, first - input_ids.shape[1] - 1:].clone())
         self.fed = input_ids.shape[1]
         self.step += 1
         return model_output(logits=logits, cache=self.cache_handle)
@@ -219,6 +227,27 @@ class TargetHost(LoopHost):
         """Stateful processors back to a sequence of `length` tokens (the one batch row)."""
         self.stateful.rollback(torch.full((1,), length, dtype=torch.long, device=self.device))
 
+    def _replay_kept(self, input_ids: torch.Tensor) -> None:
+        """Stateful processors back to the accepted sequence `input_ids` `(1, n)`, as a new round begins.
+
+        The last round ran the processors on each candidate length. When a draft token was rejected, the
+        last accepted token (the target's own) differs from the candidate they saw at that length: they
+        go back to `n - 1` tokens, all of which they saw and kept, and the call at `n - 1` is made again
+        on the target's logits there (the same call as in the round, with the global RNG restored after
+        it: a sampler that draws, such as XTC, leaves the draws of the run as they were). Its state and
+        distribution are then the ones the next call at `n` continues, as in a plain loop.
+        """
+        length, kept = input_ids.shape[1], self.round_logits
+        first, logits = kept if kept is not None else (0, None)
+        if logits is None or not first < length <= first + logits.shape[1] - 1:
+            self._rollback(length)  # the first round, or every draft token accepted: nothing they saw is wrong
+            return
+        self._rollback(length - 1)
+        scores = logits[:, length - 1 - first].clone()  # [1, V] the target's logits after `length - 1` tokens
+        devices = [] if scores.device.type == "cpu" else [scores.device]
+        with torch.random.fork_rng(devices=devices, device_type=scores.device.type):
+            self.sampler.processors(cast(torch.LongTensor, input_ids[:, :length - 1]), scores)
+
     def _get_candidate_generator(self, *args: Any, **kwargs: Any) -> Any:
         generator: Any = candidate_generator(self, *args, **kwargs)  # HF's choice
         if is_prompt_lookup(generator):
@@ -229,7 +258,7 @@ class TargetHost(LoopHost):
 
             def from_accepted(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
                 self.accepted = input_ids.shape[1]
-                self._rollback(self.accepted)  # HF's prompt lookup screens candidates with the processors
+                self._replay_kept(input_ids)  # HF's prompt lookup screens candidates with the processors
                 return get_candidates(input_ids, *args, **kwargs)
 
             generator.get_candidates = from_accepted
