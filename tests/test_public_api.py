@@ -25,13 +25,15 @@ NAMES_0_1 = [
 ]
 # 0.2: the names the README used to reach into private modules for.
 NAMES_0_2 = ["accelerator_route", "crop_cache", "reorder_cache"]
+# transformers' own `generate` running hfbridge (`model.generate(custom_generate=hfbridge.custom_generate)`).
+NAMES_CUSTOM_GENERATE = ["custom_generate"]
 
 
 def test_0_1_has_nineteen_names():
     assert len(NAMES_0_1) == len(set(NAMES_0_1)) == 19
 
 
-@pytest.mark.parametrize("name", NAMES_0_1 + NAMES_0_2)
+@pytest.mark.parametrize("name", NAMES_0_1 + NAMES_0_2 + NAMES_CUSTOM_GENERATE)
 def test_public_name_imports(name):
     namespace: dict = {}
     exec(f"from hfbridge import {name}", namespace)
