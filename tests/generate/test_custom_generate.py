@@ -15,7 +15,8 @@ import hfbridge
 from hfbridge import custom_generate, generate
 from hfbridge._hf import custom_generate as contract
 from hfbridge._hf import names
-from tests._tiny_models import char_tokenizer, model_cache
+
+from _tiny_models import char_tokenizer, model_cache
 
 _model = model_cache()
 CALLABLE = names.TRANSFORMERS_VERSION >= contract.CALLABLE_KEYWORDS_SINCE
