@@ -46,8 +46,9 @@ from hfbridge._hf.custom_generate import (
     CALLABLE_KEYWORDS_SINCE,
     FOLDER_ARGUMENTS,
     PREPARED_INPUTS,
-    built_types,
+    built,
     cache_length,
+    same_settings,
     sample_parameters,
 )
 from hfbridge._step.option_table import ROWS
@@ -163,7 +164,8 @@ def _unexpanded(input_ids: torch.Tensor, model_inputs: dict[str, Any], config: A
 
 def _extras(logits_processor: Any, stopping_criteria: Any, config: Any, input_ids: torch.Tensor
             ) -> tuple[list[Any], list[Any]]:
-    """The processors and criteria the caller passed to `generate` (those its config does not build)."""
+    """The processors and criteria the caller passed to `generate`: those its config does not build. A processor of
+    a class the config builds, with other settings (transformers put it in place of its own), is refused."""
     processors = list(logits_processor or [])
     criteria = list(stopping_criteria or [])
     for item in processors:
@@ -172,10 +174,20 @@ def _extras(logits_processor: Any, stopping_criteria: Any, config: Any, input_id
                 f"{_REFUSED_PROCESSORS[type(item).__name__]} cannot run through hfbridge.custom_generate: "
                 "transformers does not hand its inputs to a custom_generate callable. Call "
                 "hfbridge.generate(model, ...) with it instead.")
-    built_processors, built_criteria = built_types(config, prompt_length=input_ids.shape[1],
-                                                   device=input_ids.device)
-    return ([item for item in processors if type(item) not in built_processors],
-            [item for item in criteria if type(item) not in built_criteria])
+    built_processors, built_criteria = built(config, prompt_length=input_ids.shape[1], device=input_ids.device)
+    criteria_types = {type(item) for item in built_criteria}  # (HF's own criteria hold the model's limits)
+    return _callers(processors, built_processors), [item for item in criteria if type(item) not in criteria_types]
+
+
+def _callers(prepared: list[Any], from_config: list[Any]) -> list[Any]:
+    own = {type(item): item for item in from_config}
+    for item in prepared:
+        if type(item) in own and not same_settings(item, own[type(item)]):
+            raise ValueError(
+                f"`logits_processor` holds a {type(item).__name__}, which the generation options also build: "
+                "hfbridge.custom_generate builds the chain from the options, so set the option instead of passing "
+                "the object (or call hfbridge.generate with it).")
+    return [item for item in prepared if type(item) not in own]
 
 
 def _from_folder(model: Any, generation_config: Any, logits_processor: Any, stopping_criteria: Any,

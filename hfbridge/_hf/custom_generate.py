@@ -27,11 +27,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from transformers.generation.utils import GenerationMixin
 
 from hfbridge._hf.host import ProcessorHost
 
-__all__ = ["CALLABLE_KEYWORDS_SINCE", "FOLDER_ARGUMENTS", "PREPARED_INPUTS", "built_types", "cache_length",
+__all__ = ["CALLABLE_KEYWORDS_SINCE", "FOLDER_ARGUMENTS", "PREPARED_INPUTS", "built", "cache_length", "same_settings",
            "sample_parameters"]
 
 CALLABLE_KEYWORDS_SINCE = (4, 57, 0)
@@ -49,16 +50,39 @@ def sample_parameters() -> frozenset[str]:
     return frozenset(inspect.signature(GenerationMixin._sample).parameters)
 
 
-def built_types(generation_config: Any, *, prompt_length: int, device: Any) -> tuple[set[type], set[type]]:
-    """The classes of the processors and stopping criteria `generate` builds from this config alone
-    (HF's `_get_logits_processor` and `_get_stopping_criteria` on a stand-in host)."""
+def built(generation_config: Any, *, prompt_length: int, device: Any) -> tuple[list[Any], list[Any]]:
+    """The processors and stopping criteria `generate` builds from this config alone (HF's
+    `_get_logits_processor` and `_get_stopping_criteria` on a stand-in host)."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
     host = ProcessorHost(device=device)
     processors = host.logits_processor(generation_config, prompt_length=prompt_length,
                                        processors=LogitsProcessorList(), device=device, attention_mask=None)
     criteria = host.stopping_criteria(generation_config, StoppingCriteriaList(), tokenizer=None)
-    return {type(item) for item in processors}, {type(item) for item in criteria}
+    return list(processors), list(criteria)
+
+
+def same_settings(one: Any, other: Any) -> bool:
+    """Whether two processors (or criteria) of one class hold the same settings (their attributes)."""
+    first, second = vars(one), vars(other)
+    if first.keys() != second.keys():
+        return False
+    for name, value in first.items():
+        theirs = second[name]
+        if isinstance(value, torch.Tensor) or isinstance(theirs, torch.Tensor):
+            if not (isinstance(value, torch.Tensor) and isinstance(theirs, torch.Tensor)
+                    and value.shape == theirs.shape and torch.equal(value.cpu(), theirs.cpu())):
+                return False
+        elif not _plain_equal(value, theirs):
+            return False
+    return True
+
+
+def _plain_equal(value: Any, theirs: Any) -> bool:
+    try:
+        return bool(value == theirs)
+    except Exception:  # values that cannot say (arrays, objects without __eq__): not the same
+        return value is theirs
 
 
 def cache_length(cache: Any) -> int:

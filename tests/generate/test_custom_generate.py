@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessor, StoppingCriteria
+from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, TopKLogitsWarper
 
 import hfbridge
 from hfbridge import custom_generate, generate
@@ -135,6 +135,11 @@ def test_a_wrong_option_is_named():
         model.generate(PROMPTS, custom_generate=custom_generate, max_new_tokens=2, dry_multiplier=-1.0)
     with pytest.raises(TypeError, match="fast"):
         model.generate(PROMPTS, custom_generate=custom_generate, max_new_tokens=2, fast="yes")
+    with pytest.raises(ValueError, match=r"`guidance_scale` \(with `negative_prompt_ids`\) cannot run through"):
+        model.generate(PROMPTS, custom_generate=custom_generate, max_new_tokens=2, guidance_scale=1.5)
+    with pytest.raises(ValueError, match="`logits_processor` holds a TopKLogitsWarper, which the generation options"):
+        model.generate(PROMPTS, custom_generate=custom_generate, max_new_tokens=2, do_sample=True,
+                       generation_config=GenerationConfig(top_k=5), logits_processor=[TopKLogitsWarper(3)])
     with pytest.raises(ValueError, match="`prefix_allowed_tokens_fn` cannot run through hfbridge.custom_generate"):
         model.generate(PROMPTS, custom_generate=custom_generate, max_new_tokens=2,
                        prefix_allowed_tokens_fn=lambda batch, ids: [1, 2])
@@ -179,7 +184,6 @@ def test_options_riding_a_generation_config_as_trl_passes_them():
     generation_config=...)`: hfbridge's options ride the config as extra attributes."""
     import functools
 
-    from transformers import GenerationConfig
 
     model = _model("llama")
     config = GenerationConfig(max_new_tokens=6, do_sample=True, dry_multiplier=0.8, dry_sequence_breakers=[],
