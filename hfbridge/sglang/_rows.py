@@ -11,7 +11,7 @@ make a new processor instance for every batch, so everything kept between calls 
   adaptive-p, the thinking budget) or draw random numbers (XTC, seeded with SGLang's
   `sampling_seed`), which follows that request whatever its row;
 - `Sampler`s shared by requests with equal options (and equal stop ids, and for options that count from
-  the end of the prompt, equal prompt lengths).
+  the end of the prompt, equal prompt lengths), kept while one of those requests is.
 
 Rows with equal options run in one `Sampler.process` call: their histories are left-padded to one width
 with an id one past the vocabulary, whose score column (added for the call, then dropped) is `-inf`,
@@ -44,9 +44,6 @@ from hfbridge._step.sampler import Sampler
 from hfbridge.sglang._options import RequestOptions, build_sampler, check_params
 
 __all__ = ["Requests"]
-
-_SHARED_MOST = 256  # shared Samplers kept (least recently made ones go first)
-
 
 @dataclasses.dataclass
 class _Request:
@@ -139,8 +136,6 @@ class Requests:
             key = (request.key, None if eos is None else tuple(eos),
                    prompt_length if request.counts_from_prompt else None)
             if key not in self._shared:
-                if len(self._shared) >= _SHARED_MOST:
-                    self._shared.pop(next(iter(self._shared)))
                 self._shared[key] = build_sampler(request, prompt_length=key[2], eos_token_id=eos,
                                                   tokenizer=tokenizer, generator=None)
             entry.shared = key
@@ -160,6 +155,9 @@ class Requests:
                 gone = True
             if gone:
                 del self._requests[rid]
+        used = {entry.shared for entry in self._requests.values()}
+        for key in [key for key in self._shared if key not in used]:  # no request of these options is left
+            del self._shared[key]
 
     def _failed(self, req: Any, message: str) -> None:
         if self._fail is None:

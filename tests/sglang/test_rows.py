@@ -91,9 +91,12 @@ def test_finished_requests_are_forgotten(model):
     requests[0].finished_reason = "length"
     store.process(torch.zeros(1, V), [requests[1].custom_params])
     assert set(store._requests) == {"f1"}
-    del requests[:]  # SGLang drops the request: its weak proxy dies
+    shared = Req("f2", PROMPTS[2], {"repetition_penalty": 1.2})
+    store.process(torch.zeros(1, V), [shared.custom_params])
+    assert len(store._shared) == 1
+    del requests[:], shared  # SGLang drops the request: its weak proxy dies
     store.process(torch.zeros(0, V), [])
-    assert store._requests == {}
+    assert store._requests == {} and store._shared == {}  # the shared sampler goes with its last request
 
 
 def _params(**fields):
