@@ -7,6 +7,8 @@ and sampling also against HF's own `model.generate`.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, TopKLogitsWarper
@@ -150,6 +152,12 @@ def test_transformers_before_4_57_is_refused_with_the_version(monkeypatch):
     monkeypatch.setattr(names, "TRANSFORMERS_VERSION_TEXT", "4.56.2")
     with pytest.raises(RuntimeError, match=r"needs transformers >= 4\.57\.0, and 4\.56\.2 is installed"):
         custom_generate(_model("llama"), PROMPTS, generation_config=None)
+
+
+@pytest.mark.skipif(not (4, 56) <= names.TRANSFORMERS_VERSION[:2] < (4, 57), reason="4.56 only")
+def test_transformers_4_56_calls_the_callable_and_gets_the_refusal():
+    with pytest.raises(RuntimeError, match=f"and {re.escape(names.TRANSFORMERS_VERSION_TEXT)} is installed"):
+        _model("llama").generate(PROMPTS, custom_generate=custom_generate, max_new_tokens=2)
 
 
 def test_the_signature_names_every_hfbridge_option():
