@@ -112,11 +112,12 @@ def custom_generate(model: Any, input_ids: torch.Tensor | None = None, logits_pr
         stopping_criteria=extra_criteria or None, **ours, **model_inputs))
 
 
-def _run(model: Any, input_ids: torch.Tensor, tokenizer: Any, arguments: dict[str, Any]) -> Any:
+def _run(model: Any, input_ids: torch.Tensor, tokenizer: Any, arguments: dict[str, Any], *, hint: bool = True
+         ) -> Any:
     try:
         return generate(model, input_ids, tokenizer=tokenizer, **arguments)
     except (TypeError, ValueError) as error:
-        if tokenizer is None and "tokenizer" in str(error):
+        if hint and tokenizer is None and "tokenizer" in str(error):
             raise type(error)(f"{error} (transformers does not pass `tokenizer=` to a custom_generate callable: "
                               f"pass `{TOKENIZER}=` to model.generate)") from error
         raise
@@ -209,7 +210,7 @@ def _from_folder(model: Any, generation_config: Any, logits_processor: Any, stop
             raise TypeError(f"`tokenizer=` and `{TOKENIZER}=` name two tokenizers; pass one.")
         tokenizer = hf_name
     return _run(model, inputs, tokenizer, dict(generation_config=generation_config, processors=logits_processor,
-                                                stopping_criteria=stopping_criteria, **arguments))
+                                                stopping_criteria=stopping_criteria, **arguments), hint=False)
 
 
 def _signature() -> inspect.Signature:
