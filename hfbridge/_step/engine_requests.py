@@ -45,7 +45,8 @@ LENGTH_OPTIONS = ("min_new_tokens", "min_length", "begin_suppress_tokens", "expo
 EOS_OPTIONS = ("min_new_tokens", "min_length", "exponential_decay_length_penalty")
 # Options whose value is a list by nature; every other option takes one plain value per request.
 LIST_OPTIONS = ("sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "eos_token_id",
-                "exponential_decay_length_penalty", "dry_sequence_breakers")
+                "exponential_decay_length_penalty", "dry_sequence_breakers", "thinking_start", "thinking_end",
+                "thinking_budget_message", "sampler_order")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,8 @@ def test_equal_options_share_one_call(model, monkeypatch):
 
 
 @pytest.mark.parametrize("opts", [{"mirostat": 2, "mirostat_tau": 2.0, "mirostat_eta": 0.5}, {"mirostat": 1},
-                                  {"adaptive_target": 0.3, "adaptive_decay": 0.5}])
+                                  {"adaptive_target": 0.3, "adaptive_decay": 0.5},
+                                  {"thinking_budget": 2, "thinking_start": [5], "thinking_end": [8]}])
 def test_stateful_state_follows_the_request_across_fresh_instances(model, opts):
     """The state lives in the store, keyed by request id: a fresh processor each step loses nothing, and rows
     reordered every step keep their own state (checked by the tokens, against hfbridge.generate)."""
