@@ -7,6 +7,7 @@
 """
 
 from hfbridge._generate.banned import BannedStrings
+from hfbridge._generate.custom_generate import custom_generate
 from hfbridge._generate.generate import generate
 from hfbridge._generate.logprobs import logprobs
 from hfbridge._generate.replay import replay
@@ -52,6 +53,7 @@ __all__ = [
     "compare_step",
     "compute_transition_scores",
     "crop_cache",
+    "custom_generate",
     "explain_generation",
     "explain_step",
     "from_rows",

@@ -127,6 +127,7 @@ WINGS = {
     "hfbridge._generate": {"hfbridge._step", "hfbridge._models", "hfbridge._hf"},
     "hfbridge._views": {"hfbridge._step", "hfbridge._generate"},
     "hfbridge.vllm": {"hfbridge._step", "hfbridge.processors"},  # and vLLM (optional)
+    "hfbridge.sglang": {"hfbridge._step", "hfbridge.processors"},  # and SGLang (optional)
     "hfbridge.demo": {"hfbridge", "hfbridge.processors"},  # public names only
     "hfbridge.__main__": {"hfbridge", "hfbridge.processors", "hfbridge.demo"},
     "hfbridge.lm_eval": {"hfbridge", "hfbridge.processors"},  # public names only (and lm-eval)

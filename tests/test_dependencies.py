@@ -14,7 +14,7 @@ DECLARED = {"torch", "transformers", "einops"}
 VIA_TRANSFORMERS = {"numpy", "regex"}
 OPTIONAL = {"matplotlib", "IPython", "tqdm", "xgrammar", "tokenizers"}  # imported inside functions, with a hint
 # Optional wings: a package imported at module level only inside its own wing, which `import hfbridge` never loads.
-OPTIONAL_WINGS = {"vllm": PACKAGE / "vllm"}
+OPTIONAL_WINGS = {"vllm": PACKAGE / "vllm", "sglang": PACKAGE / "sglang"}
 # The optional subpackage hfbridge/lm_eval (extra `lm-eval`) imports lm-eval and what lm-eval requires.
 LM_EVAL = {"lm_eval", "jinja2", "tqdm"}
 
@@ -40,7 +40,8 @@ def test_module_level_imports_are_declared_or_come_with_transformers():
 
 
 def test_importing_hfbridge_never_imports_an_optional_wings_package():
-    code = ("import sys, hfbridge, hfbridge.processors, hfbridge.vllm, hfbridge.vllm._batch; "
+    code = ("import sys, hfbridge, hfbridge.processors, hfbridge.vllm, hfbridge.vllm._batch, hfbridge.sglang, "
+            "hfbridge.sglang._rows; "
             f"print(sorted(set(sys.modules) & set({sorted(OPTIONAL_WINGS)!r})))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

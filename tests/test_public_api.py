@@ -29,13 +29,15 @@ NAMES_0_2 = ["accelerator_route", "crop_cache", "reorder_cache"]
 NAMES_REPLAY = ["Replay", "replay"]
 # compare decodings on the same draws
 NAMES_COMPARE = ["compare_step", "compare_generation", "StepComparison", "GenerationComparison"]
+# transformers' own `generate` running hfbridge (`model.generate(custom_generate=hfbridge.custom_generate)`).
+NAMES_CUSTOM_GENERATE = ["custom_generate"]
 
 
 def test_0_1_has_nineteen_names():
     assert len(NAMES_0_1) == len(set(NAMES_0_1)) == 19
 
 
-@pytest.mark.parametrize("name", NAMES_0_1 + NAMES_0_2 + NAMES_REPLAY + NAMES_COMPARE)
+@pytest.mark.parametrize("name", NAMES_0_1 + NAMES_0_2 + NAMES_REPLAY + NAMES_COMPARE + NAMES_CUSTOM_GENERATE)
 def test_public_name_imports(name):
     namespace: dict = {}
     exec(f"from hfbridge import {name}", namespace)
