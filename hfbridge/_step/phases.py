@@ -37,6 +37,7 @@ from transformers import GenerationConfig
 from hfbridge._step.option_table import per_row_options
 from hfbridge._step.per_row import PerRowValues
 from hfbridge._step.phase_options import PHASE_NAMES, split_options, thinking_config, thinking_tag
+from hfbridge._step.route import Route
 from hfbridge._step.sampler_state import StepResult, invalid_flags
 from hfbridge.processors.thinking_budget import span_open
 
@@ -294,7 +295,8 @@ class Phases:
 
 
 def _flag(sampler: Any) -> torch.Tensor | None:
-    return sampler.invalid_rows if sampler.fast and sampler.do_sample else None
+    """The fast path's flags of the rows it could not sample (exact mode raised already)."""
+    return sampler.invalid_rows if sampler.route() is Route.FAST else None
 
 
 def _merged(into: torch.Tensor | None, index: torch.Tensor, part: torch.Tensor, rows: int,
