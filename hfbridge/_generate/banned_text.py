@@ -38,6 +38,11 @@ import regex  # type: ignore[import-untyped]  # transformers' dependency; no stu
 __all__ = ["Ban", "Verdict", "check_text", "compile_bans", "stable_length"]
 
 _REPLACEMENT = "\ufffd"  # what a decoder shows for the bytes of a character that is not complete yet
+# What lets a pattern read more than one character before its match: a lookbehind (or, counted with them, a
+# named group `(?<name>`), reverse searching (flag r), Unicode's word rules (flag w), grapheme clusters (\X).
+# Any other construct reads the match's characters and at most the one before it (\b, \B, \m, \M, ^ and \A,
+# which hold at a search's start only when it is the text's start too).
+_UNBOUNDED = regex.compile(r"\(\?<|\(\?[a-zA-Z0-9-]*[rw]|\\X")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Ban:
     source: str
     compiled: Any  # regex.Pattern
     literal: bool
+    context: int | None = None  # characters before a match's start that it may read (None: any)
 
     @property
     def kind(self) -> str:
@@ -70,7 +76,7 @@ class Verdict:
 
 def compile_bans(strings: Any, patterns: Any) -> tuple[Ban, ...]:
     """Check and compile `banned_strings` and `banned_regex` (each None, or a list / tuple of str)."""
-    bans = [Ban(text, regex.compile(regex.escape(text), regex.IGNORECASE), True)
+    bans = [Ban(text, regex.compile(regex.escape(text), regex.IGNORECASE), True, 0)
             for text in _strings("banned_strings", strings)]
     for index, source in enumerate(_strings("banned_regex", patterns)):
         try:
@@ -81,7 +87,7 @@ def compile_bans(strings: Any, patterns: Any) -> tuple[Ban, ...]:
         if compiled.fullmatch("") is not None:
             raise ValueError(f"`banned_regex[{index}]` = {source!r} matches the empty string, so it would ban "
                              "every position; make it match at least one character.")
-        bans.append(Ban(source, compiled, False))
+        bans.append(Ban(source, compiled, False, None if _UNBOUNDED.search(source) else 1))
     return tuple(bans)
 
 
