@@ -1,4 +1,4 @@
-"""A row's generated text for banned strings: a short window decoded per token (`WindowText`), or all of it (`FullText`).
+"""A row's generated text for banned strings: a short window decoded per token, or all of it (`FullText`).
 
 Banned strings look at the text of a row's generated tokens after every token. Decoding all of it at every
 step costs time in proportion to its length (quadratic in the generation). `WindowText` decodes a window of

@@ -45,6 +45,24 @@ def test_search_starts_at_pos_but_sees_the_text_before_it():
     assert check_text(bans, " ab ", 1).match == 1
 
 
+def test_what_each_ban_may_read_before_its_match():
+    """The check reads the text from `pos - context` on (banned_decode.py's window): 0 for a string, 1 for most
+    patterns (\\b, ^), the whole text for a lookbehind, reverse search, Unicode word rules or graphemes."""
+    strings = compile_bans(["a b"], None)
+    patterns = compile_bans(None, [r"\bdelve\b", r"^x", r"(?m)^x", r"(?<=a)b", r"(?<!a)b", r"(?ir)ab", r"(?w)\bab",
+                                   r"\Xa", r"(?P<name>a)b"])
+    assert [ban.context for ban in strings + patterns] == [0, 1, 1, 1, None, None, None, None, None, 1]
+    # a search that starts after the text's start sees the one character before it, and ^ holds only at the start
+    text = "xa delve"
+    for ban in patterns:
+        if ban.context == 1:
+            for pos in range(len(text)):
+                whole = check_text((ban,), text, pos)
+                cut = check_text((ban,), text[pos - 1:] if pos else text, 1 if pos else 0)
+                assert (cut.match, cut.hold) == (
+                    None if whole.match is None else whole.match - max(pos - 1, 0), whole.hold - max(pos - 1, 0))
+
+
 def test_an_incomplete_character_is_held_back():
     bans = compile_bans(["zz"], None)
     assert check_text(bans, "ab\ufffd", 0) == Verdict(None, None, 2)  # the next bytes may complete it
