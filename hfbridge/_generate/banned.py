@@ -275,7 +275,7 @@ class BannedStrings:
         """`check_text` on the row's text from `pos`, reading only the characters the bans may see."""
         if self._context is None:
             return check_text(self.bans, state.text.full(), state.pos, final=final)
-        start = max(0, min(state.pos, state.text.stable_end()) - self._context)
+        start = max(0, min(state.pos, state.ends[-1]) - self._context)  # ends[-1]: the stable end, just decoded
         verdict = check_text(self.bans, state.text.view(start), state.pos - start, final=final)
         return Verdict(None if verdict.match is None else start + verdict.match, verdict.pattern, start + verdict.hold)
 

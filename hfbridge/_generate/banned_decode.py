@@ -45,6 +45,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from hfbridge._hf.tokenizer_decode import backend_decode
+
 __all__ = ["FullText", "WindowText", "row_text"]
 
 _REPLACEMENT = "\ufffd"  # what a decoder shows for the bytes of a character that is not complete yet
@@ -163,9 +165,12 @@ class WindowText:
 
 def row_text(tokenizer: Any) -> Callable[[], FullText | WindowText]:
     """What keeps a row's text for `tokenizer`: a window for transformers' and `tokenizers`' tokenizers (whose
-    decoders the tests check), the whole decode for any other object with a `decode(ids)`."""
+    decoders the tests check), the whole decode for any other object with a `decode(ids)`. A fast tokenizer that
+    adds nothing to its `tokenizers` decode is decoded by that directly (`_hf/tokenizer_decode.py`)."""
     import tokenizers
     from transformers import PreTrainedTokenizerBase
 
-    kind = WindowText if isinstance(tokenizer, (PreTrainedTokenizerBase, tokenizers.Tokenizer)) else FullText
-    return lambda: kind(tokenizer.decode)
+    if not isinstance(tokenizer, (PreTrainedTokenizerBase, tokenizers.Tokenizer)):
+        return lambda: FullText(tokenizer.decode)
+    decode: Callable[[Sequence[int]], str] = tokenizer.decode  # one sequence in, one text out
+    return lambda: WindowText(backend_decode(tokenizer) or decode)
