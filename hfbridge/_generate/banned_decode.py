@@ -43,7 +43,7 @@ transformers or `tokenizers` tokenizer's).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from hfbridge._hf.tokenizer_decode import backend_decode
 
@@ -172,5 +172,5 @@ def row_text(tokenizer: Any) -> Callable[[], FullText | WindowText]:
 
     if not isinstance(tokenizer, (PreTrainedTokenizerBase, tokenizers.Tokenizer)):
         return lambda: FullText(tokenizer.decode)
-    decode: Callable[[Sequence[int]], str] = tokenizer.decode  # one sequence in, one text out
+    decode = cast(Callable[[Sequence[int]], str], tokenizer.decode)  # one sequence in, one text out
     return lambda: WindowText(backend_decode(tokenizer) or decode)
