@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from hfbridge._generate.banned_decode import FullText, WindowText, row_text
-from hfbridge._generate.banned_text import Ban, Verdict, check_text, compile_bans
+from hfbridge._generate.banned_text import Ban, Verdict, check_text, compile_bans, strings_screen
 
 __all__ = ["BannedStrings", "Rewind"]
 
@@ -143,6 +143,7 @@ class BannedStrings:
         # characters before the search's start that a ban may read: the check reads the text from there on
         self._context: int | None = None if None in contexts else max(context or 0 for context in contexts)
         self._text = row_text(tokenizer)
+        self._screen = strings_screen(self.bans)  # banned strings only: one search for all of them first
         if isinstance(max_rewinds, bool) or not hasattr(max_rewinds, "__index__") or operator.index(max_rewinds) < 1:
             raise ValueError(f"`banned_max_rewinds` must be an int >= 1 (rollbacks allowed to one position), got "
                              f"{type(max_rewinds).__name__} {max_rewinds!r}.")
@@ -276,7 +277,12 @@ class BannedStrings:
         if self._context is None:
             return check_text(self.bans, state.text.full(), state.pos, final=final)
         start = max(0, min(state.pos, state.ends[-1]) - self._context)  # ends[-1]: the stable end, just decoded
-        verdict = check_text(self.bans, state.text.view(start), state.pos - start, final=final)
+        view = state.text.view(start)
+        if self._screen is not None:
+            end = len(view) if final else state.ends[-1] - start
+            if self._screen.search(view, state.pos - start, end, partial=not final) is None:
+                return Verdict(None, None, start + end)  # what check_text finds: nothing, nothing held
+        verdict = check_text(self.bans, view, state.pos - start, final=final)
         return Verdict(None if verdict.match is None else start + verdict.match, verdict.pattern, start + verdict.hold)
 
     def _roll_back(self, cuts: dict[int, tuple[int, Ban, int]]) -> int:
