@@ -15,7 +15,9 @@ without bans), so every token is checked and nothing is taken back:
 - lookbehind: `banned_regex=[r"(?<=the )tapestry"]` (may read any text before its match: the whole text is
   joined at every step, a copy; the decoding is still a window);
 - whole decode: the strings, with the whole text decoded at every step (`FullText`, what banned strings did
-  before the window: `banned_decode.py`).
+  before the window: `banned_decode.py`);
+- hooks only: the strings, with `observe` (decoding and searching) replaced by nothing: what the loop does for
+  bans besides the text (one host read per step, the hooks of `banned_loop.py`).
 
 Tables:
 
@@ -51,6 +53,7 @@ VARIANTS = {
     "+ \\b pattern": dict(strings=STRINGS, regex=[r"\bdelve\b"]),
     "lookbehind": dict(regex=[r"(?<=the )tapestry"]),
     "whole decode": dict(strings=STRINGS),
+    "hooks only": dict(strings=STRINGS),
 }
 
 
@@ -82,6 +85,8 @@ def bans_for(name: str, tok: PreTrainedTokenizerFast) -> BannedStrings:
     bans = BannedStrings(tok, **VARIANTS[name])
     if name == "whole decode":
         bans._text = lambda: FullText(tok.decode)  # type: ignore[method-assign]
+    if name == "hooks only":  # the loop's work for bans (a read per step, the hooks), no text decoded or searched
+        bans.observe = lambda column, live, final: None  # type: ignore[method-assign]
     return bans
 
 

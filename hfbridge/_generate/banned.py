@@ -1,6 +1,7 @@
 """`BannedStrings`: take back the tokens of a banned string or pattern, forbid what was tried, go on.
 
-After every token, each row's generated text is decoded and checked (`banned_text.py`). When it holds
+After every token, each row's generated text is brought up to date (a window of its last tokens decoded:
+`banned_decode.py`) and checked (`banned_text.py`). When it holds
 a decided match, the row rolls back to the token where the match began, the token it had chosen there
 is forbidden at that position (with every token tried there before), and generation goes on from
 there: a row never keeps a banned string. This is exllamav2's `banned_strings` (a checkpoint where a
