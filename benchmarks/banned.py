@@ -3,6 +3,7 @@
     python benchmarks/banned.py             # 5 rounds; the whole-decode reference at 200 and 2,000 tokens
     python benchmarks/banned.py --quick     # 3 rounds, no 8,000-token row for the reference
     python benchmarks/banned.py --full-8000 # the whole-decode reference at 8,000 tokens too (about a minute a run)
+    python benchmarks/banned.py --only 2    # one table
 
 One thread, this thread's CPU time (`time.thread_time`), the variants of each length run round-robin (the
 order rotates from round to round), medians. The tokenizer is a byte-level BPE (GPT-2's kind) trained here on
@@ -31,6 +32,7 @@ Tables:
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -149,9 +151,11 @@ def llama_ratio(tok, repeats: int, new: int) -> None:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=new + 64)
     llama = LlamaForCausalLM(config).eval()
 
+    name = "cache" if "cache" in inspect.signature(llama.forward).parameters else "past_key_values"  # 5.24 renamed
+
     def step(input_ids, cache):
-        out = llama(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits, out.past_key_values
+        out = llama(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{name: cache})
+        return out.logits, getattr(out, name)
     adapter = ReturnsCache(step)
     prompt = torch.tensor([tok("The loop").input_ids])
 
@@ -179,13 +183,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--full-8000", action="store_true", help="the whole-decode reference at 8,000 tokens too")
+    parser.add_argument("--only", choices=["1", "2"], help="one table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 3 if args.quick else 5
     tok = tokenizer(4000)
     print(f"torch {torch.__version__}, one thread, thread_time\n")
-    per_token(tok, repeats, (200, 2000, 8000), 8000 if args.full_8000 else 2000)
-    llama_ratio(tok, repeats, 2000)
+    if args.only in (None, "1"):
+        per_token(tok, repeats, (200, 2000, 8000), 8000 if args.full_8000 else 2000)
+    if args.only in (None, "2"):
+        llama_ratio(tok, repeats, 2000)
 
 
 if __name__ == "__main__":
