@@ -27,6 +27,8 @@ Tables:
    (time with bans - time without) / tokens; target: flat from 200 to 8,000 tokens.
 2. A tiny `LlamaForCausalLM` (2 layers, hidden 64) with its KV cache, 2,000 new tokens: with / without bans.
    Target: <= 1.05.
+3. The check alone: `BannedStrings.observe` fed the tokens of a generation (no model, no loop): the text's
+   own cost per token (decoding and searching), at 200, 2,000 and 8,000 tokens.
 """
 
 from __future__ import annotations
@@ -179,11 +181,37 @@ def llama_ratio(tok, repeats: int, new: int) -> None:
     print()
 
 
+def check_alone(tok, repeats: int, lengths: tuple[int, ...]) -> None:
+    """`BannedStrings.observe` alone (decode the window, search), fed the tokens of a generation, one row."""
+    model = bigram_model(tok)
+    prompt = torch.tensor([tok("The loop").input_ids])
+    longest = generate(model, prompt, max_new_tokens=max(lengths), do_sample=True, top_k=50,
+                       generator=torch.Generator().manual_seed(1))[0, prompt.shape[1]:].tolist()
+    print("### 3. The check alone: `BannedStrings.observe` per token, fed a generation's tokens (no model, no loop)\n")
+    print(f"{repeats} rounds, rotating order, medians.\n")
+    names = [name for name in VARIANTS if name != "hooks only"]
+    print("| tokens | " + " | ".join(f"{name} µs/token" for name in names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for new in lengths:
+        def feed(name: str, new: int = new) -> None:
+            bans = bans_for(name, tok)
+            bans.start(1, 0)
+            for token in longest[:new]:
+                bans.observe([token], None, final=False)
+            assert not bans.rewinds
+        measured = rounds({name: (lambda n=name: feed(n)) for name in names
+                           if name != "whole decode" or new <= 2000}, repeats)
+        cells = [f"{statistics.median(r[name] for r in measured) / new * 1e6:.1f}" if name in measured[0] else "-"
+                 for name in names]
+        print(f"| {new} | " + " | ".join(cells) + " |", flush=True)
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--full-8000", action="store_true", help="the whole-decode reference at 8,000 tokens too")
-    parser.add_argument("--only", choices=["1", "2"], help="one table")
+    parser.add_argument("--only", choices=["1", "2", "3"], help="one table")
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 3 if args.quick else 5
@@ -193,6 +221,8 @@ def main() -> None:
         per_token(tok, repeats, (200, 2000, 8000), 8000 if args.full_8000 else 2000)
     if args.only in (None, "2"):
         llama_ratio(tok, repeats, 2000)
+    if args.only in (None, "3"):
+        check_alone(tok, repeats, (200, 2000, 8000))
 
 
 if __name__ == "__main__":
