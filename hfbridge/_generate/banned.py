@@ -1,6 +1,7 @@
 """`BannedStrings`: take back the tokens of a banned string or pattern, forbid what was tried, go on.
 
-After every token, each row's generated text is decoded and checked (`banned_text.py`). When it holds
+After every token, each row's generated text is brought up to date (a window of its last tokens decoded:
+`banned_decode.py`) and checked (`banned_text.py`). When it holds
 a decided match, the row rolls back to the token where the match began, the token it had chosen there
 is forbidden at that position (with every token tried there before), and generation goes on from
 there: a row never keeps a banned string. This is exllamav2's `banned_strings` (a checkpoint where a
@@ -50,7 +51,8 @@ from typing import Any
 
 import torch
 
-from hfbridge._generate.banned_text import Ban, check_text, compile_bans, stable_length
+from hfbridge._generate.banned_decode import FullText, WindowText, row_text
+from hfbridge._generate.banned_text import Ban, Verdict, check_text, compile_bans, strings_screen
 
 __all__ = ["BannedStrings", "Rewind"]
 
@@ -82,12 +84,12 @@ class Rewind:
 class _Row:
     """One row's view: its columns, the text of its real tokens, what is forbidden where."""
 
-    def __init__(self) -> None:
+    def __init__(self, text: FullText | WindowText) -> None:
         self.columns: list[int] = []  # every generated column (a finished row's padding included)
         self.real: int | None = None  # columns that are real tokens, once the row has finished
         self.ends: list[int] = []  # ends[k]: length of the stable text of the first k + 1 real tokens
         self.clean: list[bool] = []  # clean[k]: that text ended on a whole character
-        self.text = ""
+        self.text = text  # the text of its real tokens, kept up to date by decoding a window (banned_decode.py)
         self.pos = 0  # look for matches from this character on
         self.hold = 0  # generated tokens that no rollback can take back any more
         self.marks: list[tuple[int, int]] = []  # (pos, hold) after each column: restored by a rollback
@@ -138,6 +140,11 @@ class BannedStrings:
         self.bans: tuple[Ban, ...] = compile_bans(strings, regex)
         if not self.bans:
             raise ValueError("BannedStrings needs at least one banned string or pattern (`strings` or `regex`).")
+        contexts = [ban.context for ban in self.bans]
+        # characters before the search's start that a ban may read: the check reads the text from there on
+        self._context: int | None = None if None in contexts else max(context or 0 for context in contexts)
+        self._text = row_text(tokenizer)
+        self._screen = strings_screen(self.bans)  # banned strings only: one search for all of them first
         if isinstance(max_rewinds, bool) or not hasattr(max_rewinds, "__index__") or operator.index(max_rewinds) < 1:
             raise ValueError(f"`banned_max_rewinds` must be an int >= 1 (rollbacks allowed to one position), got "
                              f"{type(max_rewinds).__name__} {max_rewinds!r}.")
@@ -175,7 +182,7 @@ class BannedStrings:
     def start(self, rows: int, prompt_length: int) -> None:
         """Begin a batch of `rows` sequences whose first `prompt_length` tokens are the prompt."""
         self.prompt_length = prompt_length
-        self._rows = [_Row() for _ in range(rows)]
+        self._rows = [_Row(self._text()) for _ in range(rows)]
         self.rewinds = []
 
     def _begin(self, input_ids: torch.Tensor) -> None:
@@ -247,7 +254,7 @@ class BannedStrings:
                 state.marks.append((state.pos, state.hold))
                 continue
             done = final or not state.live
-            verdict = check_text(self.bans, state.text, state.pos, final=done)
+            verdict = self._check(state, done)
             state.pos = verdict.hold
             state.hold = self._boundary(state, verdict.hold) if not done or verdict.match is not None \
                 else len(state.columns)
@@ -268,11 +275,24 @@ class BannedStrings:
             count -= 1
         return count
 
-    def _decode(self, state: _Row) -> None:
-        real = state.columns if state.real is None else state.columns[: state.real]
-        state.text = self.tokenizer.decode(real)
-        state.ends.append(stable_length(state.text, final=False))
-        state.clean.append(state.ends[-1] == len(state.text))  # no character left incomplete
+    @staticmethod
+    def _decode(state: _Row) -> None:
+        state.text.update(state.columns, len(state.columns) if state.real is None else state.real)
+        state.ends.append(state.text.stable_end())
+        state.clean.append(state.ends[-1] == state.text.length)  # no character left incomplete
+
+    def _check(self, state: _Row, final: bool) -> Verdict:
+        """`check_text` on the row's text from `pos`, reading only the characters the bans may see."""
+        if self._context is None:
+            return check_text(self.bans, state.text.full(), state.pos, final=final)
+        start = max(0, min(state.pos, state.ends[-1]) - self._context)  # ends[-1]: the stable end, just decoded
+        view = state.text.view(start)
+        if self._screen is not None:
+            end = len(view) if final else state.ends[-1] - start
+            if self._screen.search(view, state.pos - start, end, partial=not final) is None:
+                return Verdict(None, None, start + end)  # what check_text finds: nothing, nothing held
+        verdict = check_text(self.bans, view, state.pos - start, final=final)
+        return Verdict(None if verdict.match is None else start + verdict.match, verdict.pattern, start + verdict.hold)
 
     def _roll_back(self, cuts: dict[int, tuple[int, Ban, int]]) -> int:
         """Cut every row back to the earliest kept length; the others replay their tokens. Returns that length."""
@@ -281,14 +301,15 @@ class BannedStrings:
             state = self._rows[row]
             tries = state.tries.get(keep, 0) + 1
             token = state.columns[keep]
-            matched = state.text[start:_match_end(ban, state.text, start)]
+            text = state.text.full()
+            matched = text[start:_match_end(ban, text, start)]
             if tries > self.max_rewinds:
                 raise ValueError(
                     f"row {row}: the banned {ban.kind} {ban.source!r} matched {matched!r} again at "
                     f"token position {prompt + keep}, after {self.max_rewinds} rollbacks to that position "
                     f"(banned_max_rewinds={self.max_rewinds}); raise banned_max_rewinds, or ban fewer strings."
                 )
-            taken = state.text[stable_start(state, keep):]
+            taken = text[stable_start(state, keep):]
             self.rewinds.append(Rewind(row=row, position=prompt + keep, token=token, text=taken,
                                        match=matched, ban=ban.source))
             state.tries[keep] = tries
@@ -302,8 +323,7 @@ class BannedStrings:
                 for table in (state.forbidden, state.tries):  # positions after its own cut: another prefix
                     for index in [index for index in table if index > own]:
                         del table[index]
-            real = state.columns if state.real is None else state.columns[: state.real]
-            state.text = self.tokenizer.decode(real) if real else ""
+            state.text.update(state.columns, len(state.columns) if state.real is None else state.real)
         return earliest
 
     def committed(self) -> int:

@@ -10,7 +10,8 @@ wrong token.
 Modules: `names` (renamed names and conventions, by version), `contracts` (the checks), `host`
 (`ProcessorHost`: `GenerationMixin`'s helpers without a model; `AssistantStandIn`), `loops` (the beam and
 assisted loops, candidate generators), `outputs` (HF's output classes), `caches` (`Cache`),
-`integrations` (DeepSpeed / FSDP tests), `custom_generate` (what `generate(custom_generate=...)` hands a decoding function). Imports: transformers and torch only.
+`integrations` (DeepSpeed / FSDP tests), `custom_generate` (what `generate(custom_generate=...)` hands a decoding function), `tokenizer_decode` (a fast tokenizer's
+`tokenizers` decode, for banned strings). Imports: transformers and torch only.
 
 | what hfbridge uses (private unless noted) | where | versions | on each side of the change | guard |
 | --- | --- | --- | --- | --- |
@@ -27,6 +28,7 @@ assisted loops, candidate generators), `outputs` (HF's output classes), `caches`
 | `Cache`, `DynamicCache` (public classes), `Cache.reorder_cache`, `get_seq_length`, `activate_past_recording` (5.x) | `caches` | all | the assisted hosts' cache is a `DynamicCache` (4.x checks `isinstance`) | `assisted-crop` |
 | `prepare_inputs_for_generation`'s call protocol (`cache_position` 4.x; `next_sequence_length`, `is_first_iteration` 5.x), `_update_model_kwargs_for_generation`, `_prepare_cache_for_generation`, `_reorder_cache`, `_is_stateful` | `model_inputs` | all; read from `GenerationMixin`'s signature | passed as the installed `generate` passes them | run time: `model-inputs` (no whole sequence again on top of a cache) |
 | `Cache.is_croppable`, `is_linear`, layers' `record_past`, `is_sliding` (5.x) | `caches.is_croppable`, `caches.forgets_past`, `model_inputs` | 5.x (absent in 4.x: every cache can be cropped) | read where they exist | `CacheTypeError` naming the hook |
+| `PreTrainedTokenizerFast._decode` (compared, never called), `backend_tokenizer` (public) | `tokenizer_decode.backend_decode` | 4.46 to 5.x: `decode` -> `_decode` -> `backend_tokenizer.decode(ids, skip_special_tokens)`, then the clean-up of spaces when set | the `tokenizers` decode only for a class that keeps both methods and cleans up nothing | `tests/hf/test_tokenizer_decode.py` (the same text) |
 | `transformers.integrations.deepspeed.is_deepspeed_zero3_enabled`, `integrations.fsdp.is_fsdp_managed_module` | `integrations.is_sharded` | all | HF's own test for `synced_gpus` | `tests/generate/test_loop.py` |
 | `generate(custom_generate=callable)`: the call (`model, input_ids, logits_processor=, stopping_criteria=, generation_config=, **model_kwargs`), the callable's own keywords popped by its signature against `_sample`'s, `tokenizer` / `streamer` / `assistant_model` not passed; the folder form's arguments | `custom_generate` | callable 4.56+, its keywords 4.57+; folder 4.52+ | refused below `CALLABLE_KEYWORDS_SINCE`, naming the version | `tests/generate/test_custom_generate.py` |
 

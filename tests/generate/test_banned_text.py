@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hfbridge import BannedStrings, generate
-from hfbridge._generate.banned_text import Verdict, check_text, compile_bans
+from hfbridge._generate.banned_text import Verdict, check_text, compile_bans, strings_screen
 
 from _tiny_models import TinyCore, TinyRecompute
 
@@ -43,6 +45,39 @@ def test_search_starts_at_pos_but_sees_the_text_before_it():
     bans = compile_bans(None, [r"\bab"])
     assert check_text(bans, "xab ", 1).match is None  # "xab": no boundary before "a", although the search starts there
     assert check_text(bans, " ab ", 1).match == 1
+
+
+def test_what_each_ban_may_read_before_its_match():
+    """The check reads the text from `pos - context` on (banned_decode.py's window): 0 for a string, 1 for most
+    patterns (\\b, ^), the whole text for a lookbehind, reverse search, Unicode word rules or graphemes."""
+    strings = compile_bans(["a b"], None)
+    patterns = compile_bans(None, [r"\bdelve\b", r"^x", r"(?m)^x", r"(?<=a)b", r"(?<!a)b", r"(?ir)ab", r"(?w)\bab",
+                                   r"\Xa", r"(?P<name>a)b"])
+    assert [ban.context for ban in strings + patterns] == [0, 1, 1, 1, None, None, None, None, None, 1]
+    # a search that starts after the text's start sees the one character before it, and ^ holds only at the start
+    text = "xa delve"
+    for ban in patterns:
+        if ban.context == 1:
+            for pos in range(len(text)):
+                whole = check_text((ban,), text, pos)
+                cut = check_text((ban,), text[pos - 1:] if pos else text, 1 if pos else 0)
+                assert (cut.match, cut.hold) == (
+                    None if whole.match is None else whole.match - max(pos - 1, 0), whole.hold - max(pos - 1, 0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="abcAB \ufffd", max_size=12), strings=st.lists(st.sampled_from(
+    ["ab", "b a", "B", "abc", "ca", "a\ufffd", "cc c"]), min_size=1, max_size=3, unique=True),
+    pos=st.integers(0, 12), final=st.booleans())
+def test_the_strings_screen_finds_something_wherever_check_text_does(text, strings, pos, final):
+    bans = compile_bans(strings, None)
+    screen = strings_screen(bans)
+    end = len(text) if final else len(text.rstrip("\ufffd"))
+    found = screen.search(text, pos, end, partial=not final)
+    verdict = check_text(bans, text, pos, final=final)
+    if found is None:
+        assert verdict == Verdict(None, None, end)
+    assert strings_screen(compile_bans(strings, [r"x"])) is None  # any pattern: no screen
 
 
 def test_an_incomplete_character_is_held_back():
