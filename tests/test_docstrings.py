@@ -8,6 +8,7 @@ import pkgutil
 import pytest
 
 import hfbridge
+from hfbridge._hf import names
 
 MODULES = sorted(name for _, name, _ in pkgutil.walk_packages(hfbridge.__path__, prefix="hfbridge.")
                  if not name.endswith("__main__"))
@@ -26,6 +27,10 @@ def _installed(module: str) -> bool:
         return False
 
 
+# Modules whose examples need a newer transformers than the oldest supported (its release, as a tuple).
+TRANSFORMERS_AT_LEAST = {"hfbridge._generate.custom_generate": (4, 57)}  # `generate(custom_generate=<callable>)`
+
+
 # Optional subpackages and what they need: their modules are tested where that is installed.
 OPTIONAL = {"hfbridge.lm_eval": "lm_eval.api"}  # lm_eval.api: tests/lm_eval is a namespace package "lm_eval" on sys.path
 
@@ -34,6 +39,8 @@ OPTIONAL = {"hfbridge.lm_eval": "lm_eval.api"}  # lm_eval.api: tests/lm_eval is 
 def test_docstring_examples(name):
     if name in NEEDS and not _installed(NEEDS[name]):
         pytest.skip(f"{NEEDS[name].partition('.')[0]} is not installed")
+    if name in TRANSFORMERS_AT_LEAST and names.TRANSFORMERS_VERSION[:2] < TRANSFORMERS_AT_LEAST[name]:
+        pytest.skip(f"its examples need transformers {'.'.join(map(str, TRANSFORMERS_AT_LEAST[name]))} or newer")
     for package, requirement in OPTIONAL.items():
         if name == package or name.startswith(package + "."):
             pytest.importorskip(requirement)

@@ -25,6 +25,7 @@ ValueError: `mirostat` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), go
 from __future__ import annotations
 
 import difflib
+import functools
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -180,8 +181,8 @@ def warn_without_effect(passed: Mapping[str, Any], sources: Sequence[Any], *, wh
     names of every option without effect. `names`: warn for these options of `passed` only (default: all)."""
     idle = without_effect(passed, sources)
     for name, switches in idle.items():
-        if (names is not None and name not in names) or any(
-                setting(switch, passed, sources) is not None for switch in switches):
+        if (names is not None and name not in names) or any(_set_by_caller(switch, passed, sources)
+                                                             for switch in switches):
             continue
         kinds = " / ".join(dict.fromkeys(ROWS[name].classes))
         either = ", ".join(f"`{switch}`" for switch in switches[:-1])
@@ -191,6 +192,23 @@ def warn_without_effect(passed: Mapping[str, Any], sources: Sequence[Any], *, wh
                       f"turns on: alone it does nothing{sampling}. Set {either}, or unset `{name}`.", UserWarning,
                       stacklevel=4)
     return list(idle)
+
+
+def _set_by_caller(name: str, passed: Mapping[str, Any], sources: Sequence[Any]) -> bool:
+    """Whether option `name` is set in `passed` or in a config, other than to `GenerationConfig()`'s own default
+    (transformers before 5.0 fills `repetition_penalty=1.0` into every config: not the caller's setting)."""
+    value = setting(name, passed, sources)
+    if value is None or passed.get(name) is not None:
+        return value is not None
+    default = getattr(_default_config(), name, None)
+    return default is None or not isinstance(value, (int, float)) or value != default
+
+
+@functools.cache
+def _default_config() -> Any:
+    from transformers import GenerationConfig
+
+    return GenerationConfig()
 
 
 def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:

@@ -169,6 +169,7 @@ def test_the_signature_names_every_hfbridge_option():
     assert not {"streamer", "synced_gpus", "model_kwargs"} & set(parameters)  # `_sample`'s: no keyword of ours
 
 
+@pytest.mark.skipif(names.TRANSFORMERS_VERSION[:2] < (4, 52), reason="transformers loads a custom_generate folder from 4.52")
 def test_the_folder_form_receives_the_tokenizer(tmp_path):
     folder = tmp_path / "custom_generate"
     folder.mkdir()

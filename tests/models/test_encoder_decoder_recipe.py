@@ -57,6 +57,10 @@ def test_the_recipe_with_an_assistant_decoder_uses_the_passed_mask(options):
 
         return decoder
 
+    _, first_cache = decoder_of(draft)(torch.zeros(1, 1, dtype=torch.long), None, torch.ones(1, 1, dtype=torch.long))
+    if isinstance(first_cache, tuple):  # transformers 4.46: legacy tuples, cross-attention's beside self-attention's
+        pytest.skip("T5 returns a legacy tuple cache on this transformers: its cross-attention entries cannot be "
+                    "cropped without a crop hook (ReturnsCache(..., crop_cache=...))")
     torch.manual_seed(0)
     theirs = target.generate(source, attention_mask=source_mask, assistant_model=draft, max_new_tokens=8, **options)
     start = torch.zeros(1, 1, dtype=torch.long)
