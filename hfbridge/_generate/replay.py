@@ -124,6 +124,9 @@ def _replay(model: Any, sequences: Any, prompt_length: Any, attention_mask: Any,
                              "target's checks of drafted tokens, not one row's sampling distribution).")
     if kwargs.pop("progress", False) or kwargs.pop("synced_gpus", None):
         raise ValueError("replay(): `progress` and `synced_gpus` are not taken.")
+    if kwargs.get("thinking_options") is not None:
+        raise ValueError("replay(): `thinking_options` (phase-aware sampling) is not replayed yet: each row's phase "
+                         "picks its own chain per step; replay a generation made without it.")
     for name in _OUTPUT_ONLY:
         kwargs.pop(name, None)
     named = {name: kwargs.pop(name) for name in _NAMED if name in kwargs}

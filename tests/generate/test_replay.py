@@ -430,3 +430,11 @@ def test_per_prompt_values_and_generators_with_num_return_sequences():
     out = _generate(options, rows=4, new=10)
     _assert_same(replay(table_model, out.sequences, prompt_length=3, generator=_seeded(5, 4), max_new_tokens=10,
                         **options), out)
+
+
+def test_phase_aware_sampling_is_refused_by_name():
+    table = torch.randn(16, 16, generator=torch.Generator().manual_seed(0))
+    sequences = torch.tensor([[1, 2, 3, 4, 5]])
+    with pytest.raises(ValueError, match=r"replay\(\): `thinking_options` \(phase-aware sampling\) is not replayed"):
+        replay(lambda ids: table[ids], sequences, prompt_length=3, thinking_start=[4], thinking_end=[5],
+               thinking_options={"temperature": 0.5})
