@@ -57,7 +57,8 @@ __all__ = ["custom_generate"]
 
 TOKENIZER = "hfbridge_tokenizer"  # transformers keeps `tokenizer=` from a callable: ours under this name
 # hfbridge's own keywords the callable takes (besides the options of `ROWS` and the banned strings)
-_OWN = ("processors", "generator", "fast", "vocab_size", "check_every", "progress", "stop_strings", TOKENIZER)
+_OWN = ("processors", "generator", "fast", "vocab_size", "check_every", "progress", "stop_strings", "thinking_options",
+        TOKENIZER)
 _BANNED = ("banned_strings", "banned_regex", "banned_max_rewinds")
 # `generate`'s processors that only its own arguments build, which a callable does not receive
 _REFUSED_PROCESSORS = {

@@ -61,6 +61,7 @@ def test_greedy_and_sampling_are_hfs_own_tokens():
     {"num_beams": 2, "presence_penalty": 0.3},
     {"num_beams": 3, "num_return_sequences": 2, "dry_multiplier": 0.8, "dry_sequence_breakers": []},
     {"do_sample": True, "num_return_sequences": 3, "top_n_sigma": 1.5},
+    {"thinking_start": [5], "thinking_end": [6], "thinking_options": {"do_sample": True, "temperature": 1.5}},
 ])
 def test_hfbridge_options_give_hfbridge_generates_tokens(options):
     if "generator" in options:  # one list per call: the generators advance
