@@ -35,6 +35,9 @@ class Stage:
         changed: How many scores this stage changed (``None`` for the input). A stage that changed
             none of the tokens shown changed 0, or only tokens below them (a repetition penalty
             on the prompt's tokens when none of them is likely).
+        reasons: Why, in the processor's own terms, for the samplers that say (their ``describe_last``):
+            DRY's `DRYMatch` per penalised token, XTC's `XTCCoin`, the thinking budget's `BudgetState`;
+            each has ``.text(label)`` and ``.tokens``. Empty for the others.
     """
 
     name: str
@@ -46,6 +49,7 @@ class Stage:
     possible: int
     entropy: float
     changed: int | None = None
+    reasons: tuple[Any, ...] = ()
 
     @property
     def label(self) -> str:
@@ -118,6 +122,11 @@ class StepRecord:
         moved = bool(torch.ne(stage.scores[list(shown)], previous.scores[list(shown)]).any())
         return f"changed {stage.changed} score{'s' if stage.changed != 1 else ''}" + ("" if moved else " (none shown)")
 
+    def why(self, number: int) -> list[str]:
+        """Stage `number`'s reasons in words (tokens as `token_label` shows them): ``["coin 0.42 < 0.5: fired;
+        ..."]``; empty when the stage's processor says none."""
+        return [reason.text(self.token_label) for reason in self.stages[number].reasons]
+
     def summary(self) -> str:
         """One line: the row, the chosen token, how it was chosen and its final probability."""
         how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
@@ -137,6 +146,7 @@ class StepRecord:
             lines.append(f"[{number}] {stage.label}")
             lines.append(f"    possible {stage.possible}   entropy {stage.entropy:.3f} nats"
                          + ("" if stage.changed is None else f"   {self.changed_text(number)}"))
+            lines += [f"    why: {reason}" for reason in self.why(number)]
             lines.append(f"    {'rank':>4}  {'token':<{width}}  {'score':>9}  {'prob':>6}")
             for rank, (token_id, score, prob) in enumerate(zip(stage.top_ids, stage.top_scores, stage.top_probs), 1):
                 mark = "  <- chosen" if token_id == self.token else ""
