@@ -23,9 +23,10 @@ import torch
 from hfbridge._generate.banned import BannedStrings
 from hfbridge._generate.generate import generate
 from hfbridge._views.compare_html import generation_html, step_html
-from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord
+from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord, first_difference
 from hfbridge._views.explain_generation import explain_generation
 from hfbridge._views.explain_step import record_step
+from hfbridge._views.generation_why import parting_reasons
 from hfbridge._views.html import page
 
 __all__ = ["GenerationComparison", "StepComparison", "compare_generation", "compare_step"]
@@ -66,6 +67,8 @@ class GenerationComparison(GenerationComparisonRecord):
         row: The explained row.
         tokenizer: Used to show tokens as text.
         rollbacks: Per setting, every rollback of its banned strings (`Rewind`s, every row), in order.
+        reasons: Per setting, why its DRY and thinking budget did what they did at the step where the explained
+            row parts (`DRYMatch`, `BudgetState`).
     """
 
     def _repr_html_(self) -> str:
@@ -168,8 +171,13 @@ def compare_generation(model: Any, input_ids: torch.Tensor, settings: Mapping[st
                          "the same `num_return_sequences`.")
     for name in runs:
         traces[name] = explain_generation(outputs[name], tokenizer, row=row, top=top)
-    return GenerationComparison(settings=runs, tokens=tokens, outputs=outputs, traces=traces,
-                                prompt_length=input_ids.shape[-1], row=row, tokenizer=tokenizer, rollbacks=rollbacks)
+    prompt = input_ids.shape[-1]
+    step = first_difference([sequences[row, prompt:].tolist() for sequences in tokens.values()])
+    reasons = {name: parting_reasons(runs[name], tokens[name], prompt, step, row, outputs[name].scores[0].shape[-1],
+                                     tokenizer) if step is not None and step < len(traces[name].steps) else []
+               for name in runs}  # why each setting did what it did where they part: DRY, a thinking budget
+    return GenerationComparison(settings=runs, tokens=tokens, outputs=outputs, traces=traces, prompt_length=prompt,
+                                row=row, tokenizer=tokenizer, rollbacks=rollbacks, reasons=reasons)
 
 
 def _with_bans(setting: dict[str, Any], tokenizer: Any) -> tuple[dict[str, Any], BannedStrings | None]:

@@ -163,6 +163,8 @@ def generation_html(record: GenerationComparisonRecord) -> str:
             for other, token, p in record.others_chosen(name, step):  # why: how likely the other's token was here
                 parts.append(el("div", f"{other}'s ", _chip(_text(record, token), prob=p), f" had p={p:.3f} here",
                                 style="margin:2px 0"))
+            for reason in record.why(name):  # why, in the sampler's own terms: DRY's repeat, the budget's forcing
+                parts.append(el("div", "why: ", reason, style=f"color:{MUTED};font-size:12px;overflow-wrap:anywhere"))
         elif step is not None:
             parts.append(el("div", f"ended before step {step}", style=f"color:{MUTED}"))
         for line in record.rolled_back(name):  # why, for a ban: which ban took back which steps

@@ -176,6 +176,8 @@ class GenerationComparisonRecord:
         prompt_length: Columns of the prompt in ``tokens``.
         row: The explained row.
         tokenizer: Used to show tokens as text. Default: ``None`` (ids are shown).
+        reasons: Per setting, why its DRY and thinking budget did what they did where the explained row parts.
+            Default: none.
         rollbacks: Per setting, every rollback its banned strings made (`Rewind`s of every row, in order).
             Default: none.
     """
@@ -188,6 +190,12 @@ class GenerationComparisonRecord:
     row: int
     tokenizer: Any = field(default=None, repr=False, compare=False)
     rollbacks: dict[str, list[Rewind]] = field(default_factory=dict, repr=False)
+    reasons: dict[str, list[Any]] = field(default_factory=dict, repr=False)
+
+    def why(self, name: str) -> list[str]:
+        """Why setting ``name``'s DRY and thinking budget did what they did at the step where the explained row
+        parts, in words (``reasons[name]``): DRY's repeats, the budget's count or forced token."""
+        return [reason.text(self.label) for reason in self.reasons.get(name, [])]
 
     def rolled_back(self, name: str) -> list[str]:
         """Which ban rolled back which steps of the explained row, setting ``name``, in words (in order):
@@ -272,6 +280,7 @@ class GenerationComparisonRecord:
                              f"{at.possible} candidates" + (f", {len(only)} no other setting allowed" if only else ""))
                 for other, token, p in self.others_chosen(name, step):
                     lines.append(f"    {other}'s {self.label(token)} had p={p:.3f} here")
+                lines += [f"    why: {reason}" for reason in self.why(name)]
             lines += [f"    rolled back: {line}" for line in self.rolled_back(name)]
             lines.append("    " + repr(self.text(name, step or 0))[:300])
         return "\n".join(lines)

@@ -134,6 +134,9 @@ class DRYLogitsProcessor(LogitsProcessor):
             return scores.scatter_reduce_(1, following, old - penalty, reduce="amin", include_self=True)
         return scores.scatter_reduce(1, following, old - penalty, reduce="amin", include_self=True)
 
+    # a trait for views: `describe_last` after a call on any sequence's ids says what the step there did
+    replays_from_ids = True
+
     def describe_last(self, input_ids: torch.Tensor) -> list[list[DRYMatch]]:
         """Why this processor penalised what it did to `input_ids` `(rows, seq)`: per row, each penalised
         token's `DRYMatch` (the repeat it would extend, its length and penalty), largest penalty first.

@@ -205,6 +205,9 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
             self._tensors[key] = cached
         return cached
 
+    # a trait for views: `describe_last` after a call on any sequence's ids says what the step there did
+    replays_from_ids = True
+
     def describe_last(self, input_ids: torch.Tensor | None = None) -> list[BudgetState | None]:
         """Each row's state after the last call (`BudgetState`): counting, forcing (which token), ...
 

@@ -103,3 +103,33 @@ def test_compare_generation_says_which_ban_rolled_back_which_steps():
         "steps 0-1 'c c' taken back: banned 'c c' matched 'c c'; 'c' forbidden at step 0",
         "steps 1-2 ' c c' taken back: banned 'c c' matched 'c c'; 'c' forbidden at step 1"]
     assert "rolled back: steps 0-1" in str(result) and "rolled back: " in result.to_html()
+
+
+def _next_of(rule):
+    """A model whose scores favour rule(last token) by 5 (all others 0), over 10 tokens."""
+    def model(ids):
+        logits = torch.zeros(ids.shape[0], ids.shape[1], 10)
+        for row in range(ids.shape[0]):
+            for column in range(ids.shape[1]):
+                logits[row, column, rule(int(ids[row, column]))] = 5.0
+        return logits
+    return model
+
+
+def test_compare_generation_says_dry_and_the_budget_where_the_settings_part():
+    cycle = _next_of(lambda last: (last + 1) % 4)  # 0 1 2 3 0 1 ...
+    settings = {"free": {}, "DRY": dict(dry_multiplier=4.0, dry_base=2.0, dry_sequence_breakers=[])}
+    result = compare_generation(cycle, torch.tensor([[0, 1, 2, 3, 0, 1, 2]]), settings, max_new_tokens=1)
+    # the ending "0 1 2" repeats the prompt's start: 3 would extend a 3-token repeat, -4 * 2 ** (3 - 2) = -8 -> 5 - 8 < 0,
+    # so DRY's argmax is the first token at 0: #0
+    assert result.tokens["free"][0, 7:].tolist() == [3] and result.tokens["DRY"][0, 7:].tolist() == [0]
+    assert result.why("DRY") == ["#3 would extend the repeat #0 #1 #2 (3 tokens, also at 0-2): -4*2^(3-2) = -8"]
+    assert result.why("free") == []
+    assert "why: #3 would extend" in str(result) and "why: #3 would extend" in result.to_html()
+
+    threes = _next_of(lambda last: 3)
+    settings = {"free": {}, "budget 1": dict(thinking_budget=1, thinking_start=[7], thinking_end=[8])}
+    result = compare_generation(threes, torch.tensor([[1, 7]]), settings, max_new_tokens=3)
+    # the prompt opens the span; one thinking token (3), then the end tag is forced (8), then 3 again
+    assert result.tokens["budget 1"].tolist() == [[1, 7, 3, 8, 3]] and result.first_difference == 1
+    assert result.why("budget 1") == ["budget of 1 spent: forces #8 (end tag, token 1 of 1)"]
