@@ -7,6 +7,7 @@ the recorded choice is the token `sample_step` returns for the same options and 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -178,8 +179,6 @@ def _reasons(processor: Any, ids: torch.Tensor | None, row: int) -> tuple[Any, .
 
 
 def _needs_ids(describe: Any) -> bool:
-    import inspect
-
     parameter = next(iter(inspect.signature(describe).parameters.values()), None)
     return parameter is not None and parameter.default is inspect.Parameter.empty
 

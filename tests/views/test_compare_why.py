@@ -1,6 +1,6 @@
 """Why the chains part, in each sampler's own terms: DRY's repeats, XTC's coin, a thinking budget's forcing
 (`describe_last`, shown by explain_step and compare_step), a banned string's rollbacks (compare_generation).
-Every expected value is worked out by hand in the comments."""
+Every expected value is worked out by hand in the comments (the seeded random check: against the step itself)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
-from hfbridge import compare_generation, compare_step, explain_step
+from hfbridge import accelerator_route, compare_generation, compare_step, explain_step
 from hfbridge.processors import DRYLogitsProcessor, ThinkingBudgetLogitsProcessor, XTCLogitsWarper
 
 # two repeats of the ending "4 1 2 3": "4 1 2 3" at 0-3 (then 9), "2 3" at 6-7 (then 8)
@@ -133,3 +133,24 @@ def test_compare_generation_says_dry_and_the_budget_where_the_settings_part():
     # the prompt opens the span; one thinking token (3), then the end tag is forced (8), then 3 again
     assert result.tokens["budget 1"].tolist() == [[1, 7, 3, 8, 3]] and result.first_difference == 1
     assert result.why("budget 1") == ["budget of 1 spent: forces #8 (end tag, token 1 of 1)"]
+
+
+def test_dry_reasons_are_the_penalties_the_step_subtracts():
+    # seeded random sequences over 5 tokens (many repeats), a two-token breaker, per-row values and windows;
+    # the step's own subtraction (CPU path, and the batched device path run on the CPU) is each reason's penalty
+    generator = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        ids = torch.randint(0, 5, (3, 30), generator=generator)
+        dry = DRYLogitsProcessor([0.5, 1.0, 2.0], base=[1.5, 2.0, 1.75], allowed_length=[1, 2, 3],
+                                 penalty_last_n=[-1, 12, 25], sequence_breakers=[[4], [3, 2]])
+        penalties = -dry(ids, torch.zeros(3, 5))
+        with accelerator_route():
+            assert torch.equal(-dry(ids, torch.zeros(3, 5)), penalties)
+        for row, matches in enumerate(dry.describe_last(ids)):
+            expected = torch.zeros(5)
+            for match in matches:
+                expected[match.token] = match.penalty
+                tail = ids[row, ids.shape[1] - match.length:].tolist()
+                assert ids[row, match.start: match.start + match.length].tolist() == tail == list(match.repeat)
+                assert int(ids[row, match.start + match.length]) == match.token
+            assert torch.allclose(penalties[row], expected), (trial, row)
