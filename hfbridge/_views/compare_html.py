@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from hfbridge._views.comparison_record import SHOWN, options_text
 from hfbridge._views.html import CARD, CHOSEN, MONO, MUTED, REMOVED, ROOT_STYLE, Html, el, join, prob_colour
+from hfbridge._views.step_record import WHYS
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord
@@ -86,7 +87,7 @@ def step_html(record: StepComparisonRecord) -> str:
             line = [el("span", stage.label, style="font-weight:600;overflow-wrap:anywhere"),
                     el("span", f" · {stage.possible} left · {trace.changed_text(number)}", style=f"color:{MUTED}")]
             kept = [el("div", "why: ", reason, style=f"color:{MUTED};font-size:12px;overflow-wrap:anywhere")
-                    for reason in trace.why(number)]  # DRY's repeat, XTC's coin, a thinking budget's forcing
+                    for reason in trace.why(number, most=WHYS)]  # DRY's repeat, XTC's coin, a thinking budget's forcing
             kept += [] if found is None else [
                 el("div", f"removed {len(found.removed)}; {other} keeps ", _tokens(record, tokens, removed=True))
                 for other, tokens in found.kept_by.items() if tokens]

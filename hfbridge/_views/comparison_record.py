@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hfbridge._views.step_record import WHYS
+
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._generate.banned import Rewind
     from hfbridge._views.generation_record import GenerationRecord
@@ -152,7 +154,7 @@ class StepComparisonRecord:
                 stage, difference = trace.stages[number], differences.get(number)
                 removed = "" if difference is None else f", removed {len(difference.removed)}"
                 lines.append(f"    {stage.label}: {trace.changed_text(number)}{removed}, {stage.possible} left")
-                lines += [f"        why: {reason}" for reason in trace.why(number)]
+                lines += [f"        why: {reason}" for reason in trace.why(number, most=WHYS)]
                 for other, tokens in ({} if difference is None else difference.kept_by).items():
                     if tokens:
                         lines.append(f"        that {other} keeps: {self.labels(tokens)}")

@@ -17,6 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from hfbridge._views.html import BAR, CARD, CHOSEN, CHOSEN_BACKGROUND, MONO, MUTED, ROOT_STYLE, TEXT, Html, el, join
+from hfbridge._views.step_record import WHYS
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.step_record import StepRecord
@@ -79,7 +80,7 @@ def step_html(trace: StepRecord) -> str:
     rows = [("possible", [str(s.possible) for s in trace.stages]),
             ("entropy", [f"{s.entropy:.3f}" for s in trace.stages]), ("changed", changed)]
     if any(stage.reasons for stage in trace.stages):  # DRY's repeats, XTC's coin, a thinking budget's forcing
-        rows.append(("why", ["; ".join(trace.why(n)) for n in range(len(trace.stages))]))
+        rows.append(("why", ["; ".join(trace.why(n, most=WHYS)) for n in range(len(trace.stages))]))
     for title, values in rows:
         body.append(el("tr", el("td", title, style=f"text-align:right;color:{MUTED};white-space:nowrap",
                                title="in nats" if title == "entropy" else None),
