@@ -60,7 +60,8 @@ class DRYMatch:
         shown = " ".join(label(token) for token in self.repeat[-8:])
         if len(self.repeat) > 8:
             shown = "… " + shown
-        return (f"{label(self.token)} would extend the repeat {shown} ({self.length} tokens, also at {self.start}-"
+        length = f"{self.length} token{'s' if self.length != 1 else ''}"
+        return (f"{label(self.token)} would extend the repeat {shown} ({length}, also at {self.start}-"
                 f"{self.start + self.length - 1}): -{self.multiplier:g}*{self.base:g}^({self.length}-"
                 f"{self.allowed_length}) = -{self.penalty:.4g}")
 

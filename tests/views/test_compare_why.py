@@ -161,6 +161,6 @@ def test_many_reasons_are_counted_after_the_first_six():
     trace = explain_step(torch.zeros(1, 10), ids, dry_multiplier=1.0, dry_allowed_length=1, dry_sequence_breakers=[])
     assert len(trace.stages[1].reasons) == 8 and len(trace.why(1)) == 8
     shown = trace.why(1, most=6)
-    assert shown[0] == "#8 would extend the repeat #0 (1 tokens, also at 14-14): -1*1.75^(1-1) = -1"  # the latest
+    assert shown[0] == "#1 would extend the repeat #0 (1 token, also at 0-0): -1*1.75^(1-1) = -1"  # ties: lower id
     assert shown[-1] == "+2 more" and len(shown) == 7
     assert str(trace).count("    why: ") == 7 and "+2 more" in trace._repr_html_()
