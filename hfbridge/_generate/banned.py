@@ -71,6 +71,7 @@ class Rewind:
         text: The text taken back (from the start of that token).
         match: The banned text found.
         ban: The banned string or pattern that matched, as given.
+        taken: How many generated tokens the row took back (from ``position`` on).
     """
 
     row: int
@@ -79,6 +80,7 @@ class Rewind:
     text: str
     match: str
     ban: str
+    taken: int = 1
 
 
 class _Row:
@@ -311,7 +313,7 @@ class BannedStrings:
                 )
             taken = text[stable_start(state, keep):]
             self.rewinds.append(Rewind(row=row, position=prompt + keep, token=token, text=taken,
-                                       match=matched, ban=ban.source))
+                                       match=matched, ban=ban.source, taken=len(state.columns) - keep))
             state.tries[keep] = tries
             state.forbidden.setdefault(keep, set()).add(token)
         earliest = min(keep for keep, _, _ in cuts.values())

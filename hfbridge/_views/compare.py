@@ -20,11 +20,13 @@ from typing import Any
 
 import torch
 
+from hfbridge._generate.banned import BannedStrings
 from hfbridge._generate.generate import generate
 from hfbridge._views.compare_html import generation_html, step_html
-from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord
+from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord, first_difference
 from hfbridge._views.explain_generation import explain_generation
 from hfbridge._views.explain_step import record_step
+from hfbridge._views.generation_why import parting_reasons
 from hfbridge._views.html import page
 
 __all__ = ["GenerationComparison", "StepComparison", "compare_generation", "compare_step"]
@@ -64,6 +66,9 @@ class GenerationComparison(GenerationComparisonRecord):
         prompt_length: Columns of the prompt in ``tokens``.
         row: The explained row.
         tokenizer: Used to show tokens as text.
+        rollbacks: Per setting, every rollback of its banned strings (`Rewind`s, every row), in order.
+        reasons: Per setting, why its DRY and thinking budget did what they did at the step where the explained
+            row parts (`DRYMatch`, `BudgetState`).
     """
 
     def _repr_html_(self) -> str:
@@ -150,13 +155,15 @@ def compare_generation(model: Any, input_ids: torch.Tensor, settings: Mapping[st
                              "greedy search and sampling, token by token on the same draws (no beams, drafts or "
                              "streamer).")
     draws = _Draws(generator, input_ids.device if isinstance(input_ids, torch.Tensor) else None)
-    outputs, tokens, traces = {}, {}, {}
+    outputs, tokens, traces, rollbacks = {}, {}, {}, {}
     for name, setting in runs.items():
+        run, bans = _with_bans(setting, tokenizer)
         draws.replay()
         outputs[name] = generate(model, input_ids, max_new_tokens=max_new_tokens, generator=generator,
-                                 tokenizer=tokenizer, return_dict_in_generate=True, output_scores=True, **setting)
+                                 tokenizer=tokenizer, return_dict_in_generate=True, output_scores=True, **run)
         draws.after_first()
         tokens[name] = outputs[name].sequences
+        rollbacks[name] = [] if bans is None else list(bans.rewinds)
     draws.finish()
     shapes = {name: tuple(sequences.shape[:1]) for name, sequences in tokens.items()}
     if len(set(shapes.values())) > 1:
@@ -164,8 +171,28 @@ def compare_generation(model: Any, input_ids: torch.Tensor, settings: Mapping[st
                          "the same `num_return_sequences`.")
     for name in runs:
         traces[name] = explain_generation(outputs[name], tokenizer, row=row, top=top)
-    return GenerationComparison(settings=runs, tokens=tokens, outputs=outputs, traces=traces,
-                                prompt_length=input_ids.shape[-1], row=row, tokenizer=tokenizer)
+    prompt = input_ids.shape[-1]
+    step = first_difference([sequences[row, prompt:].tolist() for sequences in tokens.values()])
+    reasons = {name: parting_reasons(runs[name], tokens[name], prompt, step, row, outputs[name].scores[0].shape[-1],
+                                     tokenizer) if step is not None and step < len(traces[name].steps) else []
+               for name in runs}  # why each setting did what it did where they part: DRY, a thinking budget
+    return GenerationComparison(settings=runs, tokens=tokens, outputs=outputs, traces=traces, prompt_length=prompt,
+                                row=row, tokenizer=tokenizer, rollbacks=rollbacks, reasons=reasons)
+
+
+def _with_bans(setting: dict[str, Any], tokenizer: Any) -> tuple[dict[str, Any], BannedStrings | None]:
+    """The setting as `generate` runs it, its banned strings as a `BannedStrings` of ours (or the caller's),
+    whose ``rewinds`` say afterwards which ban rolled back which steps; None without bans."""
+    if isinstance(setting.get("banned_strings"), BannedStrings):
+        return setting, setting["banned_strings"]
+    if tokenizer is None or (setting.get("banned_strings") is None and setting.get("banned_regex") is None):
+        return setting, None  # no bans, or generate's own error for bans without a tokenizer
+    run = {key: value for key, value in setting.items() if key not in ("banned_strings", "banned_regex",
+                                                                        "banned_max_rewinds")}
+    limit = setting.get("banned_max_rewinds")
+    bans = BannedStrings(tokenizer, setting.get("banned_strings"), setting.get("banned_regex"),
+                         **({} if limit is None else {"max_rewinds": limit}))
+    return {**run, "banned_strings": bans}, bans
 
 
 def _settings(settings: Any, common: dict[str, Any], caller: str) -> dict[str, dict[str, Any]]:

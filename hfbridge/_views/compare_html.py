@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from hfbridge._views.comparison_record import SHOWN, options_text
 from hfbridge._views.html import CARD, CHOSEN, MONO, MUTED, REMOVED, ROOT_STYLE, Html, el, join, prob_colour
+from hfbridge._views.step_record import WHYS
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord
@@ -85,7 +86,9 @@ def step_html(record: StepComparisonRecord) -> str:
             found = next((d for d in differences if d.setting == name and d.stage == number), None)
             line = [el("span", stage.label, style="font-weight:600;overflow-wrap:anywhere"),
                     el("span", f" · {stage.possible} left · {trace.changed_text(number)}", style=f"color:{MUTED}")]
-            kept = [] if found is None else [
+            kept = [el("div", "why: ", reason, style=f"color:{MUTED};font-size:12px;overflow-wrap:anywhere")
+                    for reason in trace.why(number, most=WHYS)]  # DRY's repeat, XTC's coin, a thinking budget's forcing
+            kept += [] if found is None else [
                 el("div", f"removed {len(found.removed)}; {other} keeps ", _tokens(record, tokens, removed=True))
                 for other, tokens in found.kept_by.items() if tokens]
             if record.first_difference is not None:  # why the tokens differ: what this stage did to the chosen ones
@@ -161,8 +164,12 @@ def generation_html(record: GenerationComparisonRecord) -> str:
             for other, token, p in record.others_chosen(name, step):  # why: how likely the other's token was here
                 parts.append(el("div", f"{other}'s ", _chip(_text(record, token), prob=p), f" had p={p:.3f} here",
                                 style="margin:2px 0"))
+            for reason in record.why(name):  # why, in the sampler's own terms: DRY's repeat, the budget's forcing
+                parts.append(el("div", "why: ", reason, style=f"color:{MUTED};font-size:12px;overflow-wrap:anywhere"))
         elif step is not None:
             parts.append(el("div", f"ended before step {step}", style=f"color:{MUTED}"))
+        for line in record.rolled_back(name):  # why, for a ban: which ban took back which steps
+            parts.append(el("div", "rolled back: ", line, style=f"color:{MUTED};font-size:12px;overflow-wrap:anywhere"))
         parts.append(_flow(record, name, step if step is not None else len(trace.steps)))
         columns.append(el("div", *parts, style=_COLUMN))
     return el("div", el("div", record.summary(), style="font-weight:600"),

@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hfbridge._views.step_record import WHYS
+
 if TYPE_CHECKING:  # pragma: no cover
+    from hfbridge._generate.banned import Rewind
     from hfbridge._views.generation_record import GenerationRecord
     from hfbridge._views.step_record import StepRecord
 
@@ -151,6 +154,7 @@ class StepComparisonRecord:
                 stage, difference = trace.stages[number], differences.get(number)
                 removed = "" if difference is None else f", removed {len(difference.removed)}"
                 lines.append(f"    {stage.label}: {trace.changed_text(number)}{removed}, {stage.possible} left")
+                lines += [f"        why: {reason}" for reason in trace.why(number, most=WHYS)]
                 for other, tokens in ({} if difference is None else difference.kept_by).items():
                     if tokens:
                         lines.append(f"        that {other} keeps: {self.labels(tokens)}")
@@ -174,6 +178,10 @@ class GenerationComparisonRecord:
         prompt_length: Columns of the prompt in ``tokens``.
         row: The explained row.
         tokenizer: Used to show tokens as text. Default: ``None`` (ids are shown).
+        reasons: Per setting, why its DRY and thinking budget did what they did where the explained row parts.
+            Default: none.
+        rollbacks: Per setting, every rollback its banned strings made (`Rewind`s of every row, in order).
+            Default: none.
     """
 
     settings: dict[str, dict[str, Any]]
@@ -183,6 +191,26 @@ class GenerationComparisonRecord:
     prompt_length: int
     row: int
     tokenizer: Any = field(default=None, repr=False, compare=False)
+    rollbacks: dict[str, list[Rewind]] = field(default_factory=dict, repr=False)
+    reasons: dict[str, list[Any]] = field(default_factory=dict, repr=False)
+
+    def why(self, name: str) -> list[str]:
+        """Why setting ``name``'s DRY and thinking budget did what they did at the step where the explained row
+        parts, in words (``reasons[name]``): DRY's repeats, the budget's count or forced token."""
+        return [reason.text(self.label) for reason in self.reasons.get(name, [])]
+
+    def rolled_back(self, name: str) -> list[str]:
+        """Which ban rolled back which steps of the explained row, setting ``name``, in words (in order):
+        ``"steps 3-4 'c c' taken back: banned 'c c' matched 'c c'; 'c' forbidden at step 3"``."""
+        lines = []
+        for rewind in self.rollbacks.get(name, []):
+            if rewind.row != self.row:
+                continue
+            first = rewind.position - self.prompt_length
+            steps = f"step {first}" if rewind.taken == 1 else f"steps {first}-{first + rewind.taken - 1}"
+            lines.append(f"{steps} {rewind.text!r} taken back: banned {rewind.ban!r} matched {rewind.match!r}; "
+                         f"{self.label(rewind.token)} forbidden at step {first}")
+        return lines
 
     def _generated(self, row: int) -> list[list[int]]:
         return [tokens[row, self.prompt_length:].tolist() for tokens in self.tokens.values()]
@@ -254,6 +282,8 @@ class GenerationComparisonRecord:
                              f"{at.possible} candidates" + (f", {len(only)} no other setting allowed" if only else ""))
                 for other, token, p in self.others_chosen(name, step):
                     lines.append(f"    {other}'s {self.label(token)} had p={p:.3f} here")
+                lines += [f"    why: {reason}" for reason in self.why(name)]
+            lines += [f"    rolled back: {line}" for line in self.rolled_back(name)]
             lines.append("    " + repr(self.text(name, step or 0))[:300])
         return "\n".join(lines)
 

@@ -7,6 +7,7 @@ the recorded choice is the token `sample_step` returns for the same options and 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -150,8 +151,9 @@ def record_step(logits: Any, input_ids: torch.Tensor | None = None, *, tokenizer
         trace = [(processor, scores[row]) for processor, scores in outputs]
     stages = [_stage("input", {}, rows[row], top, None)]
     for processor, scores in trace:
+        reasons = () if phase is not None else _reasons(processor, ids, row)
         stages.append(_stage(_processor_name(processor), _processor_params(processor), scores, top,
-                             stages[-1].scores))
+                             stages[-1].scores, reasons))
     recorded = StepTrace(
         stages=stages,
         token=int(tokens[row]),
@@ -164,8 +166,25 @@ def record_step(logits: Any, input_ids: torch.Tensor | None = None, *, tokenizer
     return recorded, (tokens if len(batch_shape) == 1 else from_rows(tokens, batch_shape))  # as `Sampler.__call__`
 
 
+def _reasons(processor: Any, ids: torch.Tensor | None, row: int) -> tuple[Any, ...]:
+    """Why `processor` did what it did to `row`, from its ``describe_last`` (DRY, XTC, a thinking budget): a trait
+    of the class, asked only here, after the step. A per-row split of one's rows (a generator per row) says None."""
+    describe = getattr(processor, "describe_last", None)
+    if describe is None or not callable(describe) or (ids is None and _needs_ids(describe)):
+        return ()
+    found = describe(ids)[row]
+    if found is None:
+        return ()
+    return tuple(found) if isinstance(found, list) else (found,)
+
+
+def _needs_ids(describe: Any) -> bool:
+    parameter = next(iter(inspect.signature(describe).parameters.values()), None)
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
 def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int,
-           previous: torch.Tensor | None) -> Stage:
+           previous: torch.Tensor | None, reasons: tuple[Any, ...] = ()) -> Stage:
     scores = scores.detach().float().cpu().clone()  # [V]
     # NaN never equals itself: a NaN kept in place is no change
     changed = None
@@ -185,4 +204,5 @@ def _stage(name: str, params: dict[str, Any], scores: torch.Tensor, top: int,
         possible=possible,
         entropy=float(torch.special.entr(probs).sum()),
         changed=changed,
+        reasons=reasons,
     )

@@ -17,6 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from hfbridge._views.html import BAR, CARD, CHOSEN, CHOSEN_BACKGROUND, MONO, MUTED, ROOT_STYLE, TEXT, Html, el, join
+from hfbridge._views.step_record import WHYS
 
 if TYPE_CHECKING:  # pragma: no cover
     from hfbridge._views.step_record import StepRecord
@@ -28,6 +29,7 @@ _CHOSEN = f"background:{CHOSEN_BACKGROUND};color:{TEXT};outline:2px solid {CHOSE
 _STRIPES = ("#ffffff", "#f6f8fa")
 _CELL = "text-align:left;white-space:nowrap;padding:1px 4px 1px 3px;vertical-align:top"
 _WRAPPED = "text-align:left;padding:1px 4px 1px 3px;vertical-align:top;max-width:7em"  # "2008 scores (none shown)"
+_WHY = f"{_WRAPPED};max-width:14em;font-size:90%;color:{MUTED};overflow-wrap:anywhere"  # a sampler's own reasons
 # A token chip: its own colours and box, so that a notebook's `code` style (JupyterLab's dark theme
 # gives `code` a dark grey background and light text) does not reach inside the light card.
 _CHIP = f"font-family:{MONO};white-space:pre;background:transparent;color:inherit;padding:0;border:0;font-size:inherit"
@@ -75,12 +77,15 @@ def step_html(trace: StepRecord) -> str:
         body.append(el("tr", *cells, style=f"background:{row};color:{TEXT}"))
     changed = ["" if s.changed is None else trace.changed_text(n).replace("changed ", "")
                for n, s in enumerate(trace.stages)]
-    for title, values in (("possible", [str(s.possible) for s in trace.stages]),
-                          ("entropy", [f"{s.entropy:.3f}" for s in trace.stages]),
-                          ("changed", changed)):
+    rows = [("possible", [str(s.possible) for s in trace.stages]),
+            ("entropy", [f"{s.entropy:.3f}" for s in trace.stages]), ("changed", changed)]
+    if any(stage.reasons for stage in trace.stages):  # DRY's repeats, XTC's coin, a thinking budget's forcing
+        rows.append(("why", ["; ".join(trace.why(n, most=WHYS)) for n in range(len(trace.stages))]))
+    for title, values in rows:
         body.append(el("tr", el("td", title, style=f"text-align:right;color:{MUTED};white-space:nowrap",
                                title="in nats" if title == "entropy" else None),
-                       *(el("td", value, style=_CELL if title != "changed" else _WRAPPED) for value in values),
+                       *(el("td", value, style=_CELL if title in ("possible", "entropy") else
+                            _WRAPPED if title == "changed" else _WHY) for value in values),
                        style=f"border-top:1px solid #d0d7de;background:#ffffff;color:{TEXT}"))
     return el(
         "div",

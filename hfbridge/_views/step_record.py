@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Stage", "StepRecord", "format_score", "params_text"]
+__all__ = ["WHYS", "Stage", "StepRecord", "format_score", "params_text"]
+
+WHYS = 6  # reasons shown per stage in text and HTML (DRY may penalise dozens of tokens); the rest counted
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Stage:
         changed: How many scores this stage changed (``None`` for the input). A stage that changed
             none of the tokens shown changed 0, or only tokens below them (a repetition penalty
             on the prompt's tokens when none of them is likely).
+        reasons: Why, in the processor's own terms, for the samplers that say (their ``describe_last``):
+            DRY's `DRYMatch` per penalised token, XTC's `XTCCoin`, the thinking budget's `BudgetState`;
+            each has ``.text(label)`` and ``.tokens``. Empty for the others.
     """
 
     name: str
@@ -46,6 +51,7 @@ class Stage:
     possible: int
     entropy: float
     changed: int | None = None
+    reasons: tuple[Any, ...] = ()
 
     @property
     def label(self) -> str:
@@ -118,6 +124,14 @@ class StepRecord:
         moved = bool(torch.ne(stage.scores[list(shown)], previous.scores[list(shown)]).any())
         return f"changed {stage.changed} score{'s' if stage.changed != 1 else ''}" + ("" if moved else " (none shown)")
 
+    def why(self, number: int, *, most: int | None = None) -> list[str]:
+        """Stage `number`'s reasons in words (tokens as `token_label` shows them): ``["coin 0.42 < 0.5: fired;
+        ..."]``; empty when the stage's processor says none. ``most``: at most that many, then ``"+N more"``."""
+        reasons = self.stages[number].reasons
+        shown = reasons if most is None else reasons[:most]
+        more = [f"+{len(reasons) - len(shown)} more"] if len(reasons) > len(shown) else []
+        return [reason.text(self.token_label) for reason in shown] + more
+
     def summary(self) -> str:
         """One line: the row, the chosen token, how it was chosen and its final probability."""
         how = "drawn by sampling" if self.do_sample else "taken greedily (argmax)"
@@ -137,6 +151,7 @@ class StepRecord:
             lines.append(f"[{number}] {stage.label}")
             lines.append(f"    possible {stage.possible}   entropy {stage.entropy:.3f} nats"
                          + ("" if stage.changed is None else f"   {self.changed_text(number)}"))
+            lines += [f"    why: {reason}" for reason in self.why(number, most=WHYS)]
             lines.append(f"    {'rank':>4}  {'token':<{width}}  {'score':>9}  {'prob':>6}")
             for rank, (token_id, score, prob) in enumerate(zip(stage.top_ids, stage.top_scores, stage.top_probs), 1):
                 mark = "  <- chosen" if token_id == self.token else ""

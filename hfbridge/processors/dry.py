@@ -46,6 +46,7 @@ import torch
 from transformers import LogitsProcessor
 
 from hfbridge.processors._dry_breakers import Breakers, compile_breakers
+from hfbridge.processors._dry_explain import DRYMatch, dry_matches
 from hfbridge.processors._dry_host import HostRows, batch_penalties
 from hfbridge.processors._host import host_copy, host_path, scores_owned
 from hfbridge.processors._rows import RowParam
@@ -132,6 +133,18 @@ class DRYLogitsProcessor(LogitsProcessor):
         if scores_owned():
             return scores.scatter_reduce_(1, following, old - penalty, reduce="amin", include_self=True)
         return scores.scatter_reduce(1, following, old - penalty, reduce="amin", include_self=True)
+
+    # a trait for views: `describe_last` after a call on any sequence's ids says what the step there did
+    replays_from_ids = True
+
+    def describe_last(self, input_ids: torch.Tensor) -> list[list[DRYMatch]]:
+        """Why this processor penalised what it did to `input_ids` `(rows, seq)`: per row, each penalised
+        token's `DRYMatch` (the repeat it would extend, its length and penalty), largest penalty first.
+
+        A function of `input_ids` alone (DRY keeps no state): give the `input_ids` of the call to explain.
+        Recomputed in plain Python when asked (views call it), never during a step.
+        """
+        return dry_matches(self, input_ids)
 
     def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, settings: _RowSettings, windows: list[int],
                  live: list[bool]) -> torch.Tensor:

@@ -42,6 +42,8 @@ from __future__ import annotations
 import numbers
 import threading
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,9 +53,48 @@ from hfbridge.processors._host import host_path
 from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam, described
 
-__all__ = ["ThinkingBudgetLogitsProcessor", "span_open", "tag_ids"]
+__all__ = ["BudgetState", "ThinkingBudgetLogitsProcessor", "span_open", "tag_ids"]
 
 IDLE, COUNTING, WAITING, FORCING, DONE = range(5)  # the phases; a state row is (phase, remaining, start, end, forced)
+_PHASES = ("idle", "counting", "waiting", "forcing", "done")
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """A row's thinking budget after a call (`ThinkingBudgetLogitsProcessor.describe_last`).
+
+    Attributes:
+        phase: ``"idle"`` (outside a span), ``"counting"``, ``"waiting"`` (spent, inside a UTF-8
+            character), ``"forcing"`` or ``"done"`` (the span ended).
+        budget: The row's budget.
+        remaining: Thinking tokens left (while counting).
+        forced: The token forced at this call (forcing), else None.
+        position: Which forced token it is (0-based over the message, then the end tag).
+        message: Tokens of the message.
+        end: Tokens of the end tag.
+    """
+
+    phase: str
+    budget: int
+    remaining: int
+    forced: int | None
+    position: int
+    message: int
+    end: int
+
+    @property
+    def tokens(self) -> list[int]:
+        return [] if self.forced is None else [self.forced]
+
+    def text(self, label: Callable[[int], str] = lambda token: f"#{token}") -> str:
+        """One line: ``budget of 2 spent: forces '</think>' (end tag, token 1 of 1)``."""
+        if self.phase == "forcing" and self.forced is not None:
+            part, at, of = (("message", self.position, self.message) if self.position < self.message
+                            else ("end tag", self.position - self.message, self.end))
+            return f"budget of {self.budget} spent: forces {label(self.forced)} ({part}, token {at + 1} of {of})"
+        return {"idle": "outside a thinking span", "done": "the thinking span has ended",
+                "waiting": f"budget of {self.budget} spent: waits for a whole UTF-8 character",
+                "counting": f"thinking: {self.remaining} of {self.budget} tokens left"}[self.phase]
 
 
 class ThinkingBudgetLogitsProcessor(LogitsProcessor):
@@ -95,6 +136,7 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
         """Forget every row."""
         self._history = RowHistory(self.budget)
         self.phase: torch.Tensor | None = None
+        self._state: torch.Tensor | None = None
 
     def reorder(self, beam_idx: torch.Tensor) -> None:
         """Row `i` now continues row `beam_idx[i]`."""
@@ -132,6 +174,7 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
         history.record(input_ids, found, state)
         phase, forced_at = state[:, 0], state[:, 4]
         self.phase = phase
+        self._state = state  # what `describe_last` reads: a reference, no work
         if host_path(phase) and not bool((phase == FORCING).any()):  # a host read: free on CPU
             return scores  # nothing forced: the scores as they came, as HF's processors return them
         token = forced[forced_at.clamp(max=len(self._forced) - 1)][:, None]  # [B, 1] the token to force now
@@ -161,6 +204,25 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
             cached = (tensor(self.start_ids), tensor(self.end_ids), tensor(self._forced), complete.to(device))
             self._tensors[key] = cached
         return cached
+
+    # a trait for views: `describe_last` after a call on any sequence's ids says what the step there did
+    replays_from_ids = True
+
+    def describe_last(self, input_ids: torch.Tensor | None = None) -> list[BudgetState | None]:
+        """Each row's state after the last call (`BudgetState`): counting, forcing (which token), ...
+
+        Read from the state the call kept (no work in a step). None per row before any call, or when
+        ``input_ids`` `(rows, seq)` has another number of rows than the last call.
+        """
+        if self._state is None or (input_ids is not None and input_ids.shape[0] != self._state.shape[0]):
+            return [None] * (1 if input_ids is None else input_ids.shape[0])
+        budgets = self.budget.for_rows(self._state.shape[0])
+        found: list[BudgetState | None] = []
+        for row, (phase, remaining, _, _, forced_at) in enumerate(self._state.tolist()):
+            token = self._forced[min(forced_at, len(self._forced) - 1)] if phase == FORCING else None
+            found.append(BudgetState(_PHASES[phase], int(budgets[row]), remaining, token, forced_at,
+                                     len(self.message_ids), len(self.end_ids)))
+        return found
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(budget={self.budget}, start_ids={self.start_ids}, end_ids={self.end_ids}, "

@@ -29,6 +29,8 @@ tensor([[0.0000, 0.0000, 0.2000, 0.1000]])
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,7 +39,49 @@ from transformers import LogitsProcessor
 from hfbridge.processors._host import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, best_k, described
 
-__all__ = ["XTCLogitsWarper"]
+__all__ = ["XTCCoin", "XTCLogitsWarper"]
+
+
+def _id(token: int) -> str:
+    return f"#{token}"
+
+
+@dataclass(frozen=True)
+class XTCCoin:
+    """What XTC did to one row at its last call (`XTCLogitsWarper.describe_last`).
+
+    Attributes:
+        coin: The row's uniform number.
+        probability: The row's ``probability``: XTC fires when ``coin < probability``.
+        threshold: The row's ``threshold``.
+        fired: Whether the coin fired.
+        top: The top choices (``p >= threshold``), most likely first.
+        removed: The ones removed (all but the least likely of ``top`` when it fired; none otherwise, or
+            when that would leave fewer than ``min_tokens_to_keep`` tokens).
+    """
+
+    coin: float
+    probability: float
+    threshold: float
+    fired: bool
+    top: list[int]
+    removed: list[int]
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.removed
+
+    def text(self, label: Callable[[int], str] = _id) -> str:
+        """One line: the coin, and what it removed."""
+        coin = f"coin {self.coin:.3f} {'<' if self.fired else '>='} {self.probability:g}"
+        if not self.fired:
+            return f"{coin}: did not fire"
+        top = f"{len(self.top)} token{'s' if len(self.top) != 1 else ''} at p >= {self.threshold:g}"
+        if not self.removed:
+            return f"{coin}: fired; {top}, nothing removed"
+        kept = [token for token in self.top if token not in self.removed]
+        return (f"{coin}: fired; {top}: removed {', '.join(label(t) for t in self.removed)}"
+                + (f", kept {label(kept[0])}" if kept else ""))
 
 
 class XTCLogitsWarper(LogitsProcessor):
@@ -64,10 +108,12 @@ class XTCLogitsWarper(LogitsProcessor):
         self.filter_value = filter_value
         # at most floor(1 / t) tokens have p >= t; one more guards the float rounding of the sum
         self._top = math.floor(1.0 / min(self.threshold.values)) + 1
+        self._last: tuple[torch.Tensor, ...] | None = None
 
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         rows, vocab = scores.shape  # [B, V]
         if self.probability.all(lambda p: p == 0.0) or vocab < 2:
+            self._last = None
             return scores
         device = scores.device
         coin = torch.rand(rows, device=device, generator=self.generator)  # [B], one number per row and call
@@ -96,8 +142,31 @@ class XTCLogitsWarper(LogitsProcessor):
         else:
             enough = torch.ones_like(applies)
         remove &= (applies & (count >= 2) & enough)[:, None]
+        self._last = (coin, applies, ids, above, remove)  # what `describe_last` reads: references, no work
         replaced = torch.where(remove, torch.full_like(values, self.filter_value), values)  # [B, K]
         return scores.scatter_(1, ids, replaced) if scores_owned() else scores.scatter(1, ids, replaced)
+
+    def describe_last(self, input_ids: torch.Tensor | None = None) -> list[XTCCoin | None]:
+        """What the last call did to each row: its coin, whether XTC fired, the top choices it removed.
+
+        Read from tensors the call kept (no work in a step; the host reads happen here). A row gets None
+        when the last call drew no coin (``probability`` 0 everywhere, or one token), or when
+        ``input_ids`` `(rows, seq)` has another number of rows than that call (it ran on another batch).
+
+        >>> warper = XTCLogitsWarper(threshold=0.19, probability=1.0)
+        >>> _ = warper(None, torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log())
+        >>> warper.describe_last()[0].removed
+        [0, 1]
+        """
+        if self._last is None:
+            return [None] * (1 if input_ids is None else input_ids.shape[0])
+        coin, applies, ids, above, remove = (t.tolist() for t in self._last)
+        if input_ids is not None and input_ids.shape[0] != len(coin):
+            return [None] * input_ids.shape[0]
+        thresholds, probabilities = self.threshold.for_rows(len(coin)), self.probability.for_rows(len(coin))
+        return [XTCCoin(coin[row], float(probabilities[row]), float(thresholds[row]), applies[row],
+                        [t for t, a in zip(ids[row], above[row]) if a], [t for t, r in zip(ids[row], remove[row]) if r])
+                for row in range(len(coin))]
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(threshold={self.threshold}, probability={self.probability}, "
