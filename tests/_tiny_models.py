@@ -213,6 +213,25 @@ class TinyCached(torch.nn.Module):
 CHARS = list("abcdefghijklmnopqrstuvwxyz {}\":,0123456789.")
 
 
+def every_model_form(core: TinyCore, rows: int, length: int) -> dict:
+    """The four model forms over one `TinyCore` (its cache sized for `rows` x `length`): `Recompute`,
+    `ReturnsCache`, `InputPos` and `Hooks`, by name."""
+    from hfbridge import Hooks, InputPos, Recompute, ReturnsCache
+
+    fast = TinyFast(core)
+    fast.setup_caches(max_batch_size=rows, max_seq_length=length)
+
+    def prepare_inputs(input_ids, *, attention_mask, cache=None):
+        seen = 0 if cache is None else cache[0].shape[1]
+        return {"idx": input_ids[:, seen:], "cache": cache, "attention_mask": attention_mask}
+
+    def update_state(outputs, state):
+        return {**state, "cache": outputs[1]}
+
+    return {"recompute": Recompute(TinyMasked(core)), "returns_cache": ReturnsCache(TinyCached(core)),
+            "input_pos": InputPos(fast), "hooks": Hooks(TinyCached(core), prepare_inputs, update_state)}
+
+
 def char_tokenizer():
     """`<eos>`=0, `<pad>`=1, then one token per character of `CHARS` (45 tokens in all)."""
     from tokenizers import Tokenizer, decoders, models

@@ -15,9 +15,9 @@ from _banned_reference import leftmost_decided, pieces_tokenizer, reference_row
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hfbridge import BannedStrings, Hooks, InputPos, ModelAdapter, Recompute, ReturnsCache, generate
+from hfbridge import BannedStrings, Hooks, ModelAdapter, ReturnsCache, generate
 
-from _tiny_models import TinyCached, TinyCore, TinyFast, TinyMasked, TinyRecompute
+from _tiny_models import TinyCached, TinyCore, TinyMasked, TinyRecompute, every_model_form
 
 pytestmark = pytest.mark.usefixtures("one_thread", "quiet_hf", "no_python_warnings")
 
@@ -25,21 +25,6 @@ V = 32
 TOK = pieces_tokenizer(V)
 STRINGS = ["ab", "ba", "c d", "dd", "abc", "e a", "b", "Cab", "ee"]
 PATTERNS = [r"\bab\b", r"c+d", r"(?i)DE", r"a.b", r"[ce]{2}"]
-
-
-def _forms(core: TinyCore, rows: int, length: int) -> dict[str, ModelAdapter]:
-    fast = TinyFast(core)
-    fast.setup_caches(max_batch_size=rows, max_seq_length=length)
-
-    def prepare_inputs(input_ids, *, attention_mask, cache=None):
-        seen = 0 if cache is None else cache[0].shape[1]
-        return {"idx": input_ids[:, seen:], "cache": cache, "attention_mask": attention_mask}
-
-    def update_state(outputs, state):
-        return {**state, "cache": outputs[1]}
-
-    return {"recompute": Recompute(TinyMasked(core)), "returns_cache": ReturnsCache(TinyCached(core)),
-            "input_pos": InputPos(fast), "hooks": Hooks(TinyCached(core), prepare_inputs, update_state)}
 
 
 def _texts(sequences: torch.Tensor, prompt: int) -> list[str]:
@@ -91,7 +76,7 @@ def test_equal_to_the_one_row_reference_in_every_form(seed, rows, prompt, string
         expected.append(tokens)
     width = max(len(tokens) for tokens in expected)
     expected = torch.tensor([tokens + [1] * (width - len(tokens)) for tokens in expected])
-    for name, adapter in _forms(core, rows, len(prompt) + new + 1).items():
+    for name, adapter in every_model_form(core, rows, len(prompt) + new + 1).items():
         streamer = Recording() if rows == 1 else None
         generators = [torch.Generator().manual_seed(100 + row) for row in range(rows)]
         out = generate(adapter, prompts, max_new_tokens=new, tokenizer=TOK, banned_strings=strings or None,
@@ -216,7 +201,7 @@ def test_stateful_processor_state_equals_a_run_that_never_saw_the_rewound_tokens
     prompts = torch.tensor([[5, 9], [7, 3]])
     expected = generate(TinyRecompute(core), prompts, max_new_tokens=12, tokenizer=TOK, banned_strings=["ab", "cd"],
                         banned_regex=[r"[ce]{2}"], processors=[StatelessPenalty(2)])
-    for name, adapter in _forms(core, 2, 16).items():
+    for name, adapter in every_model_form(core, 2, 16).items():
         stateful = SeenPenalty()
         bans = BannedStrings(TOK, ["ab", "cd"], regex=[r"[ce]{2}"])
         out = generate(adapter, prompts, max_new_tokens=12, banned_strings=bans, processors=[stateful])

@@ -345,27 +345,11 @@ def test_logits_a_generation_could_not_have_drawn_from_are_refused():
         replay(None, out.sequences, prompt_length=3, logits=tuple(logits), max_new_tokens=12, do_sample=True, top_k=4)
 
 
-def _model_forms(rows: int, length: int) -> dict:
-    from hfbridge import Hooks, InputPos, Recompute, ReturnsCache
-
-    from _tiny_models import TinyCached, TinyFast, TinyMasked
+def _model_forms(rows: int, length: int):
+    from _tiny_models import every_model_form
 
     core = TinyCore(vocab=V, seed=3)
-
-    def forms():
-        fast = TinyFast(core)
-        fast.setup_caches(max_batch_size=rows, max_seq_length=length)
-
-        def prepare_inputs(input_ids, *, attention_mask, cache=None):
-            seen = 0 if cache is None else cache[0].shape[1]
-            return {"idx": input_ids[:, seen:], "cache": cache, "attention_mask": attention_mask}
-
-        def update_state(outputs, state):
-            return {**state, "cache": outputs[1]}
-
-        return {"recompute": Recompute(TinyMasked(core)), "returns_cache": ReturnsCache(TinyCached(core)),
-                "input_pos": InputPos(fast), "hooks": Hooks(TinyCached(core), prepare_inputs, update_state)}
-    return forms
+    return lambda: every_model_form(core, rows, length)
 
 
 @pytest.mark.parametrize("form", ["recompute", "returns_cache", "input_pos", "hooks"])
