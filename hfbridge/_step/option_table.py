@@ -48,9 +48,10 @@ from hfbridge.processors import (
 )
 from hfbridge.processors._dry_breakers import compile_breakers
 from hfbridge.processors._rows import RowParam, described, plain
+from hfbridge.processors._traits import own_trait
 from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
 
-__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "per_row_options",
+__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "order_members", "per_row_options",
            "plain_options", "register", "sampling_options", "sampling_processors", "setting", "switches_of",
            "unregister", "without_effect"]
 
@@ -84,6 +85,10 @@ class OptionRow:
         is_off: For a switch whose "off" is a range (`adaptive_target < 0`): `value -> bool`, instead of `off`.
         switched_by: For a tuning option, options besides its processor's switches that give it its effect
             (`penalty_last_n` with `repetition_penalty`); `switches_of` adds the switches.
+        order_name: HF's processor's name in llama.cpp's `sampler_order` (`"typ_p"`); hfbridge's classes declare
+            theirs as the trait `sampler_name` (`hfbridge/processors/_traits.py`).
+        keeps_ids_intact: HF's processor reads the ids without writing or keeping them (ours: the class's trait).
+        chain: "head" for HF's processors that hfbridge's penalties follow (see `hf_option_rows`).
     """
 
     name: str
@@ -103,6 +108,9 @@ class OptionRow:
     carried: str = "attribute"
     is_off: Callable[[Any], bool] | None = None
     switched_by: tuple[str, ...] = ()
+    order_name: str | None = None
+    keeps_ids_intact: bool = False
+    chain: str | None = None
 
     @property
     def community(self) -> bool:
@@ -191,7 +199,8 @@ def _temperature(name: str, value: Any) -> None:
 
 def _hf(name: str, processor: str, off: Any, *, sampling: bool = True, integer: bool = False,
         **more: Any) -> OptionRow:
-    return OptionRow(name, processor, off=off, sampling=sampling, integer=integer, carried="field", **more)
+    return OptionRow(name, processor, off=off, sampling=sampling, integer=integer, carried="field",
+                     keeps_ids_intact=True, **more)
 
 
 def _ours(name: str, processor: type, argument: str, default: Any, *, place: str, off: Any = None,
@@ -203,16 +212,17 @@ def _ours(name: str, processor: type, argument: str, default: Any, *, place: str
 _PENALTIES = PresenceFrequencyPenaltyLogitsProcessor
 _ROWS = [
     # HF's numeric options (HF builds and places their processors; a row of these may vary per row)
-    _hf("temperature", "TemperatureLogitsWarper", 1.0, check=_temperature,
+    _hf("temperature", "TemperatureLogitsWarper", 1.0, order_name="temperature", check=_temperature,
         also_configures=("DynamicTemperatureLogitsWarper",)),
-    _hf("top_k", "TopKLogitsWarper", 0, integer=True),
-    _hf("top_p", "TopPLogitsWarper", 1.0),
-    _hf("min_p", "MinPLogitsWarper", None),
-    _hf("typical_p", "TypicalLogitsWarper", 1.0),
+    _hf("top_k", "TopKLogitsWarper", 0, order_name="top_k", integer=True),
+    _hf("top_p", "TopPLogitsWarper", 1.0, order_name="top_p"),
+    _hf("min_p", "MinPLogitsWarper", None, order_name="min_p"),
+    _hf("typical_p", "TypicalLogitsWarper", 1.0, order_name="typ_p"),
     _hf("epsilon_cutoff", "EpsilonLogitsWarper", 0.0),
     _hf("eta_cutoff", "EtaLogitsWarper", 0.0),
     _hf("top_h", "TopHLogitsWarper", None),
-    _hf("repetition_penalty", "RepetitionPenaltyLogitsProcessor", 1.0, sampling=False,
+    _hf("repetition_penalty", "RepetitionPenaltyLogitsProcessor", 1.0, sampling=False, order_name="penalties",
+        chain="head",
         also_configures=(_PENALTIES.__name__,)),  # with `penalty_last_n`, ours takes it over
     _hf("no_repeat_ngram_size", "NoRepeatNGramLogitsProcessor", 0, sampling=False, integer=True),
     # hfbridge.processors' samplers, in their order within each place
@@ -267,7 +277,7 @@ _ROWS = [
     _ours("thinking_budget_message", ThinkingBudgetLogitsProcessor, "message_ids", None, per_row=False,
           check=_message, place="first"),
     # the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling): no processor
-    OptionRow("sampler_order", None, per_row=False, check=sampler_order.check_order, place="order"),
+    OptionRow("sampler_order", None, per_row=False, check=lambda name, value: _check_order(value), place="order"),
 ]
 
 ROWS: dict[str, OptionRow] = {row.name: row for row in _ROWS}
@@ -288,6 +298,22 @@ def unregister(*names: str) -> None:
     """Remove rows added with `register`."""
     for name in names:
         ROWS.pop(name, None)
+
+
+def order_members() -> dict[str, list[tuple[str, str]]]:
+    """llama.cpp's sampler name (`sampler_order`) -> `(class name, option)` for each row that builds or switches that
+    class: HF's rows by their `order_name`, hfbridge's switches by their class's trait `sampler_name`."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for row in ROWS.values():
+        kind = row.processor
+        name = row.order_name if isinstance(kind, str) else own_trait(kind, "sampler_name") if row.switch else None
+        if name is not None:
+            found.setdefault(name, []).append((kind if isinstance(kind, str) else kind.__name__, row.name))
+    return found
+
+
+def _check_order(value: Any) -> None:
+    sampler_order.parse_order(value, order_members())
 
 
 def sampling_options() -> tuple[str, ...]:

@@ -1,0 +1,120 @@
+"""The registry's rows for HF's other options: flags, counts, numbers, token ids and the processors they build.
+
+`option_table.ROWS` holds the sampling options (HF's and hfbridge's samplers); these rows hold the rest of
+what hfbridge reads of HF's options, one row each: how `option_checks.check_options` checks it (`kind`), and
+the facts about the HF processors it builds, which HF's classes cannot carry as traits
+(`hfbridge/processors/_traits.py`): whether they leave the token ids intact (the step then passes the
+caller's ids uncopied) and where they sit in HF's chain relative to hfbridge's samplers (`chain`).
+
+| kind | value | check |
+| --- | --- | --- |
+| `flag` | a bool | `value_checks.check_flag` |
+| `count` | an int >= `minimum` | `option_checks.check_count` |
+| `number` | a finite real (> 0 with `positive`) | `value_checks.check_number` |
+| `id` | one token id | an int >= 0 |
+| `ids` | one token id or a non-empty list | each an int >= 0 |
+| `id_list` | a list of token ids | each an int >= 0 |
+| `id_sequences`, `sequence_bias`, `decay`, `stop_strings`, `watermark` | their own shapes | their own checks |
+| None | not checked (HF checks it) | |
+
+>>> [row.name for row in HF_OPTION_ROWS.values() if row.kind == "id"]
+['pad_token_id', 'bos_token_id', 'forced_bos_token_id']
+>>> intact_processors() >= {"MinLengthLogitsProcessor", "TopKLogitsWarper"}
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hfbridge._step.option_table import ROWS
+
+__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "options_of_kind"]
+
+@dataclasses.dataclass(frozen=True)
+class HFOptionRow:
+    """One of HF's options that is not a sampling option.
+
+    Attributes:
+        name: The option (keyword, `GenerationConfig` field).
+        kind: How it is checked (see the module); None: not checked by hfbridge.
+        minimum: A count's minimum.
+        positive: A number must be > 0 (HF stops at once for `max_time <= 0` without a word).
+        builds: The names of HF's processors it builds.
+        keeps_ids_intact: Those processors read `input_ids` without writing them, keeping them or handing them
+            to user code (checked in transformers' `logits_process.py`, 4.46 and 5.x).
+        chain: Where those processors sit for hfbridge's placement: "head" (hfbridge's penalties go after
+            them), "tail" (hfbridge's last samplers go before them), None.
+        token_ids: Its value holds token ids (checked against the vocabulary at the first step).
+    """
+
+    name: str
+    kind: str | None
+    minimum: int | None = None
+    positive: bool = False
+    builds: tuple[str, ...] = ()
+    keeps_ids_intact: bool = False
+    chain: str | None = None
+    token_ids: bool = False
+
+
+def _row(name: str, kind: str | None, *builds: str, intact: bool = True, **more: Any) -> HFOptionRow:
+    return HFOptionRow(name, kind, builds=builds, keeps_ids_intact=intact and bool(builds), **more)
+
+
+_ROWS = [
+    _row("do_sample", "flag"),
+    _row("remove_invalid_values", "flag", "InfNanRemoveLogitsProcessor"),
+    _row("renormalize_logits", "flag", "LogitNormalization", chain="tail"),
+    _row("return_dict_in_generate", "flag"),
+    _row("output_scores", "flag"),
+    _row("output_logits", "flag"),
+    _row("output_attentions", "flag"),
+    _row("output_hidden_states", "flag"),
+    _row("use_cache", "flag"),
+    _row("min_length", "count", "MinLengthLogitsProcessor", minimum=0),
+    _row("min_new_tokens", "count", "MinNewTokensLengthLogitsProcessor", minimum=0),
+    _row("max_length", "count", minimum=1),
+    _row("max_new_tokens", "count", minimum=1),
+    _row("num_return_sequences", "count", minimum=1),
+    _row("num_beams", "count", minimum=1),
+    _row("num_beam_groups", "count", minimum=1),
+    # the guidance processor runs the model (with ids of its own): not intact
+    _row("guidance_scale", "number", "UnbatchedClassifierFreeGuidanceLogitsProcessor", intact=False, chain="head"),
+    _row("max_time", "number", positive=True),
+    _row("pad_token_id", "id", token_ids=True),
+    _row("bos_token_id", "id", token_ids=True),
+    _row("forced_bos_token_id", "id", "ForcedBOSTokenLogitsProcessor", token_ids=True),
+    _row("eos_token_id", "ids", token_ids=True),
+    _row("forced_eos_token_id", "ids", "ForcedEOSTokenLogitsProcessor", token_ids=True),
+    _row("suppress_tokens", "id_list", "SuppressTokensLogitsProcessor", token_ids=True),
+    _row("begin_suppress_tokens", "id_list", "SuppressTokensAtBeginLogitsProcessor", token_ids=True),
+    _row("bad_words_ids", "id_sequences", "NoBadWordsLogitsProcessor", token_ids=True),
+    _row("sequence_bias", "sequence_bias", "SequenceBiasLogitsProcessor", chain="head", token_ids=True),
+    _row("exponential_decay_length_penalty", "decay", "ExponentialDecayLengthPenalty"),
+    _row("stop_strings", "stop_strings"),
+    _row("watermarking_config", "watermark", "WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
+         intact=False, chain="tail"),
+    _row("encoder_repetition_penalty", None, "EncoderRepetitionPenaltyLogitsProcessor", intact=False, chain="head"),
+]
+
+HF_OPTION_ROWS: dict[str, HFOptionRow] = {row.name: row for row in _ROWS}
+
+
+def options_of_kind(*kinds: str) -> tuple[str, ...]:
+    """The options of these kinds, in the table's order."""
+    return tuple(name for name, row in HF_OPTION_ROWS.items() if row.kind in kinds)
+
+
+def intact_processors() -> frozenset[str]:
+    """The names of HF's processors that leave the token ids intact: the sampling rows' (`option_table`) and
+    these rows'."""
+    sampling = {row.processor for row in ROWS.values() if row.keeps_ids_intact and isinstance(row.processor, str)}
+    return frozenset(sampling.union(*(row.builds for row in HF_OPTION_ROWS.values() if row.keeps_ids_intact)))
+
+
+def chain_processors(chain: str) -> frozenset[str]:
+    """The names of HF's processors at `chain` ("head" or "tail"), from both tables."""
+    sampling = {row.processor for row in ROWS.values() if row.chain == chain and isinstance(row.processor, str)}
+    return frozenset(sampling.union(*(row.builds for row in HF_OPTION_ROWS.values() if row.chain == chain)))
