@@ -30,7 +30,8 @@ from typing import Any
 
 from hfbridge._step.option_table import ROWS
 
-__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "options_of_kind"]
+__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "options_of_kind",
+           "token_id_options"]
 
 @dataclasses.dataclass(frozen=True)
 class HFOptionRow:
@@ -47,6 +48,9 @@ class HFOptionRow:
         chain: Where those processors sit for hfbridge's placement: "head" (hfbridge's penalties go after
             them), "tail" (hfbridge's last samplers go before them), None.
         token_ids: Its value holds token ids (checked against the vocabulary at the first step).
+        step: The step reads it (`sample_step` accepts it): it becomes a processor or decides one's parameters in
+            HF's `_get_logits_processor` (or `_step/watermark.py`, `_step/guidance_processor.py`).
+        needs: What its processor needs besides: "prompt_length" (it depends on how long the prompt was).
     """
 
     name: str
@@ -57,45 +61,50 @@ class HFOptionRow:
     keeps_ids_intact: bool = False
     chain: str | None = None
     token_ids: bool = False
+    step: bool = False
+    needs: tuple[str, ...] = ()
 
 
 def _row(name: str, kind: str | None, *builds: str, intact: bool = True, **more: Any) -> HFOptionRow:
     return HFOptionRow(name, kind, builds=builds, keeps_ids_intact=intact and bool(builds), **more)
 
 
+_PROMPT = ("prompt_length",)
 _ROWS = [
-    _row("do_sample", "flag"),
-    _row("remove_invalid_values", "flag", "InfNanRemoveLogitsProcessor"),
-    _row("renormalize_logits", "flag", "LogitNormalization", chain="tail"),
+    _row("do_sample", "flag", step=True),
+    _row("remove_invalid_values", "flag", "InfNanRemoveLogitsProcessor", step=True),
+    _row("renormalize_logits", "flag", "LogitNormalization", chain="tail", step=True),
     _row("return_dict_in_generate", "flag"),
     _row("output_scores", "flag"),
     _row("output_logits", "flag"),
     _row("output_attentions", "flag"),
     _row("output_hidden_states", "flag"),
     _row("use_cache", "flag"),
-    _row("min_length", "count", "MinLengthLogitsProcessor", minimum=0),
-    _row("min_new_tokens", "count", "MinNewTokensLengthLogitsProcessor", minimum=0),
-    _row("max_length", "count", minimum=1),
-    _row("max_new_tokens", "count", minimum=1),
+    _row("min_length", "count", "MinLengthLogitsProcessor", minimum=0, step=True),
+    _row("min_new_tokens", "count", "MinNewTokensLengthLogitsProcessor", minimum=0, step=True, needs=_PROMPT),
+    _row("max_length", "count", minimum=1, step=True),
+    _row("max_new_tokens", "count", minimum=1, step=True, needs=_PROMPT),
     _row("num_return_sequences", "count", minimum=1),
     _row("num_beams", "count", minimum=1),
     _row("num_beam_groups", "count", minimum=1),
     # the guidance processor runs the model (with ids of its own): not intact
-    _row("guidance_scale", "number", "UnbatchedClassifierFreeGuidanceLogitsProcessor", intact=False, chain="head"),
+    _row("guidance_scale", "number", "UnbatchedClassifierFreeGuidanceLogitsProcessor", intact=False, chain="head",
+         step=True),
     _row("max_time", "number", positive=True),
-    _row("pad_token_id", "id", token_ids=True),
-    _row("bos_token_id", "id", token_ids=True),
-    _row("forced_bos_token_id", "id", "ForcedBOSTokenLogitsProcessor", token_ids=True),
-    _row("eos_token_id", "ids", token_ids=True),
-    _row("forced_eos_token_id", "ids", "ForcedEOSTokenLogitsProcessor", token_ids=True),
-    _row("suppress_tokens", "id_list", "SuppressTokensLogitsProcessor", token_ids=True),
-    _row("begin_suppress_tokens", "id_list", "SuppressTokensAtBeginLogitsProcessor", token_ids=True),
-    _row("bad_words_ids", "id_sequences", "NoBadWordsLogitsProcessor", token_ids=True),
-    _row("sequence_bias", "sequence_bias", "SequenceBiasLogitsProcessor", chain="head", token_ids=True),
-    _row("exponential_decay_length_penalty", "decay", "ExponentialDecayLengthPenalty"),
+    _row("pad_token_id", "id", token_ids=True, step=True),
+    _row("bos_token_id", "id", token_ids=True, step=True),
+    _row("forced_bos_token_id", "id", "ForcedBOSTokenLogitsProcessor", token_ids=True, step=True),
+    _row("eos_token_id", "ids", token_ids=True, step=True),
+    _row("forced_eos_token_id", "ids", "ForcedEOSTokenLogitsProcessor", token_ids=True, step=True),
+    _row("suppress_tokens", "id_list", "SuppressTokensLogitsProcessor", token_ids=True, step=True),
+    _row("begin_suppress_tokens", "id_list", "SuppressTokensAtBeginLogitsProcessor", token_ids=True, step=True,
+         needs=_PROMPT),
+    _row("bad_words_ids", "id_sequences", "NoBadWordsLogitsProcessor", token_ids=True, step=True),
+    _row("sequence_bias", "sequence_bias", "SequenceBiasLogitsProcessor", chain="head", token_ids=True, step=True),
+    _row("exponential_decay_length_penalty", "decay", "ExponentialDecayLengthPenalty", step=True, needs=_PROMPT),
     _row("stop_strings", "stop_strings"),
     _row("watermarking_config", "watermark", "WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
-         intact=False, chain="tail"),
+         intact=False, chain="tail", step=True),
     _row("encoder_repetition_penalty", None, "EncoderRepetitionPenaltyLogitsProcessor", intact=False, chain="head"),
 ]
 
@@ -118,3 +127,10 @@ def chain_processors(chain: str) -> frozenset[str]:
     """The names of HF's processors at `chain` ("head" or "tail"), from both tables."""
     sampling = {row.processor for row in ROWS.values() if row.chain == chain and isinstance(row.processor, str)}
     return frozenset(sampling.union(*(row.builds for row in HF_OPTION_ROWS.values() if row.chain == chain)))
+
+
+def token_id_options() -> tuple[str, ...]:
+    """The options holding token ids (checked against the vocabulary at the first step): these rows' and the
+    sampling rows' (DRY's breakers, which may be strings too)."""
+    return (*(name for name, row in HF_OPTION_ROWS.items() if row.token_ids),
+            *(name for name, row in ROWS.items() if row.token_ids))

@@ -29,11 +29,11 @@ ValueError: `top_n_sigma` must be > 0.0, got -1.0.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hfbridge._step import sampler_order
+from hfbridge._step.row_checks import check_breakers, check_message, check_mirostat, check_tag, check_temperature
 from hfbridge.processors import (
     AdaptivePLogitsWarper,
     DRYLogitsProcessor,
@@ -46,7 +46,6 @@ from hfbridge.processors import (
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
 )
-from hfbridge.processors._dry_breakers import compile_breakers
 from hfbridge.processors._rows import RowParam, described, plain
 from hfbridge.processors._traits import own_trait
 from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
@@ -89,6 +88,7 @@ class OptionRow:
             theirs as the trait `sampler_name` (`hfbridge/processors/_traits.py`).
         keeps_ids_intact: HF's processor reads the ids without writing or keeping them (ours: the class's trait).
         chain: "head" for HF's processors that hfbridge's penalties follow (see `hf_option_rows`).
+        token_ids: Its value may hold token ids (checked against the vocabulary at the first step).
     """
 
     name: str
@@ -111,6 +111,7 @@ class OptionRow:
     order_name: str | None = None
     keeps_ids_intact: bool = False
     chain: str | None = None
+    token_ids: bool = False
 
     @property
     def community(self) -> bool:
@@ -148,55 +149,6 @@ class OptionRow:
         return any(item != self.off for item in items)
 
 
-def _mirostat(name: str, value: Any) -> None:
-    value = plain(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), "
-                        f"got {described(value)}.")
-    if value not in (0, 1, 2):
-        raise ValueError(f"`{name}` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {value!r}.")
-
-
-def _tag(name: str, value: Any, *, empty: bool = False) -> None:
-    # a string (tokenized with the tokenizer when the processor is built) or token ids
-    if isinstance(value, str):
-        if not value and not empty:
-            raise ValueError(f"`{name}` is an empty string.")
-        return
-    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
-            ("int", "uint")):
-        value = value.tolist()  # a tensor or numpy array of ids
-    if not isinstance(value, (list, tuple)) or not all(
-            isinstance(token, numbers.Integral) and not isinstance(token, bool) and int(token) >= 0 for token in value):
-        raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
-    if not value and not empty:
-        raise ValueError(f"`{name}` is empty: give at least one token id.")
-
-
-def _message(name: str, value: Any) -> None:
-    _tag(name, value, empty=True)
-
-
-def _breakers(name: str, value: Any) -> None:
-    # token-id sequences are compiled here; strings only checked (the tokenizer comes with the processor)
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"`{name}` must be a list of strings or of token-id sequences, got {described(value)}.")
-    for index, breaker in enumerate(value):
-        if isinstance(breaker, str):
-            if not breaker:
-                raise ValueError(f"`{name}[{index}]` is an empty string.")
-            continue
-        try:
-            compile_breakers([breaker], tokenizer=None)
-        except (TypeError, ValueError):
-            raise TypeError(f"`{name}[{index}]` must be a string or a non-empty sequence of token ids (ints >= 0), "
-                            f"got {described(breaker)}.") from None
-
-
-def _temperature(name: str, value: Any) -> None:
-    RowParam(name, value, check=lambda v: "must be >= 0 (0 is greedy)" if v < 0 else None)
-
-
 def _hf(name: str, processor: str, off: Any, *, sampling: bool = True, integer: bool = False,
         **more: Any) -> OptionRow:
     return OptionRow(name, processor, off=off, sampling=sampling, integer=integer, carried="field",
@@ -212,7 +164,7 @@ def _ours(name: str, processor: type, argument: str, default: Any, *, place: str
 _PENALTIES = PresenceFrequencyPenaltyLogitsProcessor
 _ROWS = [
     # HF's numeric options (HF builds and places their processors; a row of these may vary per row)
-    _hf("temperature", "TemperatureLogitsWarper", 1.0, order_name="temperature", check=_temperature,
+    _hf("temperature", "TemperatureLogitsWarper", 1.0, order_name="temperature", check=check_temperature,
         also_configures=("DynamicTemperatureLogitsWarper",)),
     _hf("top_k", "TopKLogitsWarper", 0, order_name="top_k", integer=True),
     _hf("top_p", "TopPLogitsWarper", 1.0, order_name="top_p"),
@@ -239,7 +191,7 @@ _ROWS = [
     _ours("dry_penalty_last_n", DRYLogitsProcessor, "penalty_last_n", -1, integer=True, bounds={"minimum": -1},
           place="penalties"),
     _ours("dry_sequence_breakers", DRYLogitsProcessor, "sequence_breakers", DEFAULT_SEQUENCE_BREAKERS,
-          per_row=False, check=_breakers, place="penalties"),
+          per_row=False, check=check_breakers, place="penalties", token_ids=True),
     _ours("dynatemp_range", DynamicTemperatureLogitsWarper, "range", 0.0, off=0.0, switch=True, sampling=True,
           bounds={"minimum": 0.0}, place="temperature", needs=("temperature",)),
     _ours("dynatemp_exponent", DynamicTemperatureLogitsWarper, "exponent", 1.0, sampling=True,
@@ -256,7 +208,7 @@ _ROWS = [
           bounds={"minimum": 0.0, "maximum": 1.0}, place="after_truncation", needs=("generator",)),
     # mirostat 2 (`mirostat=2`) or 1 (`mirostat=1`, with `mirostat_m`): `community_options.build` picks the class
     _ours("mirostat", MirostatLogitsWarper, "", 0, off=0, switch=True, sampling=True, per_row=False, integer=True,
-          check=_mirostat, place="last", also_configures=(MirostatV1LogitsWarper.__name__,)),
+          check=check_mirostat, place="last", also_configures=(MirostatV1LogitsWarper.__name__,)),
     _ours("mirostat_tau", MirostatLogitsWarper, "tau", 5.0, sampling=True, bounds={"above": 0.0}, place="last",
           also_configures=(MirostatV1LogitsWarper.__name__,)),
     _ours("mirostat_eta", MirostatLogitsWarper, "eta", 0.1, sampling=True, bounds={"above": 0.0}, place="last",
@@ -270,12 +222,12 @@ _ROWS = [
     # a thinking budget (greedy or sampling), first in the chain
     _ours("thinking_budget", ThinkingBudgetLogitsProcessor, "budget", None, switch=True, integer=True,
           bounds={"minimum": 0}, place="first", needs=("tokenizer", "prompt_length")),
-    _ours("thinking_start", ThinkingBudgetLogitsProcessor, "start_ids", "<think>", per_row=False, check=_tag,
+    _ours("thinking_start", ThinkingBudgetLogitsProcessor, "start_ids", "<think>", per_row=False, check=check_tag,
           place="first"),
-    _ours("thinking_end", ThinkingBudgetLogitsProcessor, "end_ids", "</think>", per_row=False, check=_tag,
+    _ours("thinking_end", ThinkingBudgetLogitsProcessor, "end_ids", "</think>", per_row=False, check=check_tag,
           place="first"),
     _ours("thinking_budget_message", ThinkingBudgetLogitsProcessor, "message_ids", None, per_row=False,
-          check=_message, place="first"),
+          check=check_message, place="first"),
     # the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling): no processor
     OptionRow("sampler_order", None, per_row=False, check=lambda name, value: _check_order(value), place="order"),
 ]
