@@ -233,18 +233,8 @@ def _refuse_other_strategies(config: GenerationConfig, user_config: GenerationCo
 
 
 # Options that select a decoding strategy other than greedy or sampling (HF's `get_generation_mode`),
-# with the test for "set".
-_STRATEGY_OPTIONS: dict[str, Callable[[Any], bool]] = {
-    "num_beams": lambda value: value is not None and value > 1,
-    "num_beam_groups": lambda value: value is not None and value > 1,
-    "diversity_penalty": lambda value: value is not None and value > 0,
-    "penalty_alpha": lambda value: value is not None and value > 0,
-    "constraints": lambda value: value is not None,
-    "force_words_ids": lambda value: value is not None,
-    "dola_layers": lambda value: value is not None,
-    "assistant_early_exit": lambda value: value is not None,
-    "prompt_lookup_num_tokens": lambda value: value is not None,
-}
+# with the test for "set": the registry's rows (`hf_option_rows`: `selects`).
+_STRATEGY_OPTIONS = {name: row.selects for name, row in HF_OPTION_ROWS.items() if row.selects is not None}
 
 
 def build_processors(

@@ -15,6 +15,7 @@ caller's ids uncopied) and where they sit in HF's chain relative to hfbridge's s
 | `ids` | one token id or a non-empty list | each an int >= 0 |
 | `id_list` | a list of token ids | each an int >= 0 |
 | `id_sequences`, `sequence_bias`, `decay`, `stop_strings`, `watermark` | their own shapes | their own checks |
+| `strategy` | beam and draft options | the row's `check` |
 | None | not checked (HF checks it) | |
 
 >>> [row.name for row in HF_OPTION_ROWS.values() if row.kind == "id"]
@@ -26,9 +27,12 @@ True
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from hfbridge._step.option_table import ROWS
+from hfbridge._step.row_checks import check_count, check_early_stopping, check_real, check_schedule
+from hfbridge._step.value_checks import check_flag
 
 __all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "options_of_kind",
            "token_id_options"]
@@ -51,6 +55,11 @@ class HFOptionRow:
         step: The step reads it (`sample_step` accepts it): it becomes a processor or decides one's parameters in
             HF's `_get_logits_processor` (or `_step/watermark.py`, `_step/guidance_processor.py`).
         needs: What its processor needs besides: "prompt_length" (it depends on how long the prompt was).
+        check: A "strategy" option's check `(name, value) -> None` (the beam and draft options).
+        selects: `value -> bool`: the value selects a decoding strategy other than greedy or sampling (HF's
+            `get_generation_mode`); the step refuses it, naming the option.
+        refused: Why `generate` refuses the option when set (`selects`, or a true value): it needs more than
+            logits processors.
     """
 
     name: str
@@ -63,10 +72,21 @@ class HFOptionRow:
     token_ids: bool = False
     step: bool = False
     needs: tuple[str, ...] = ()
+    check: Callable[[str, Any], None] | None = None
+    selects: Callable[[Any], bool] | None = None
+    refused: str | None = None
 
 
 def _row(name: str, kind: str | None, *builds: str, intact: bool = True, **more: Any) -> HFOptionRow:
     return HFOptionRow(name, kind, builds=builds, keeps_ids_intact=intact and bool(builds), **more)
+
+
+def _above(bound: float) -> Callable[[Any], bool]:
+    return lambda value: value is not None and value > bound
+
+
+def _set(value: Any) -> bool:
+    return value is not None
 
 
 _PROMPT = ("prompt_length",)
@@ -85,8 +105,8 @@ _ROWS = [
     _row("max_length", "count", minimum=1, step=True),
     _row("max_new_tokens", "count", minimum=1, step=True, needs=_PROMPT),
     _row("num_return_sequences", "count", minimum=1),
-    _row("num_beams", "count", minimum=1),
-    _row("num_beam_groups", "count", minimum=1),
+    _row("num_beams", "count", minimum=1, selects=_above(1)),
+    _row("num_beam_groups", "count", minimum=1, selects=_above(1)),
     # the guidance processor runs the model (with ids of its own): not intact
     _row("guidance_scale", "number", "UnbatchedClassifierFreeGuidanceLogitsProcessor", intact=False, chain="head",
          step=True),
@@ -106,6 +126,28 @@ _ROWS = [
     _row("watermarking_config", "watermark", "WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
          intact=False, chain="tail", step=True),
     _row("encoder_repetition_penalty", None, "EncoderRepetitionPenaltyLogitsProcessor", intact=False, chain="head"),
+    # beam search and assisted / prompt-lookup decoding: HF's loops read these without checking them
+    # (`length_penalty="2"` failed after the first model call, `num_assistant_tokens=inf` inside the draft loop);
+    # `selects`: the options (in this order) that select another strategy than greedy or sampling
+    _row("length_penalty", "strategy", check=check_real),
+    _row("diversity_penalty", "strategy", check=check_real, selects=_above(0)),
+    _row("penalty_alpha", None, selects=_above(0), refused=(
+        "contrastive search re-ranks candidates with the model's hidden states. Transformers 5 moved it out of its "
+        "core into the Hub repository transformers-community/contrastive-search")),
+    _row("constraints", None, selects=_set),
+    _row("force_words_ids", None, selects=_set),
+    _row("dola_layers", None, selects=_set),
+    _row("assistant_early_exit", None, selects=_set),
+    _row("early_stopping", "strategy", check=check_early_stopping),
+    _row("low_memory", "strategy", check=check_flag),
+    _row("num_assistant_tokens", "strategy", check=lambda name, value: check_real(name, value, 1)),
+    _row("assistant_confidence_threshold", "strategy", check=lambda name, value: check_real(name, value, 0, 1)),
+    _row("num_assistant_tokens_schedule", "strategy", check=check_schedule),
+    _row("prompt_lookup_num_tokens", "strategy", check=lambda name, value: check_count(name, value, 1),
+         selects=_set),
+    _row("max_matching_ngram_size", "strategy", check=lambda name, value: check_count(name, value, 1)),
+    # not HF's processors: token healing re-tokenizes the prompt
+    _row("token_healing", None, refused="token healing re-tokenizes the prompt; heal it before the call"),
 ]
 
 HF_OPTION_ROWS: dict[str, HFOptionRow] = {row.name: row for row in _ROWS}

@@ -32,6 +32,7 @@ from typing import Any
 from hfbridge._step.hf_option_rows import HF_OPTION_ROWS, options_of_kind
 from hfbridge._step.hf_option_rows import token_id_options as token_id_options_of_rows
 from hfbridge._step.option_table import ROWS, per_row_options, setting, without_effect
+from hfbridge._step.row_checks import check_count
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
 from hfbridge.processors._rows import plain
@@ -53,14 +54,6 @@ TOKEN_ID_OPTIONS = token_id_options_of_rows()
 
 # Every option `check_options` knows (a prepared config is checked on these names).
 CHECKED_OPTIONS = (*HF_ROWS, *(name for name, row in HF_OPTION_ROWS.items() if row.kind is not None))
-
-
-def check_count(name: str, value: Any, minimum: int | None) -> None:
-    """`TypeError` unless `value` is an int (not a bool), `ValueError` when it is below `minimum`."""
-    if not is_int(value):
-        raise TypeError(f"`{name}` must be an int{'' if minimum is None else f' >= {minimum}'}, got {got(value)}.")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -94,8 +87,8 @@ def check_options(options: Mapping[str, Any]) -> None:
             _check_decay(value)
         elif kind == "stop_strings":
             _check_stop_strings(value)
-        elif name in STRATEGY_OPTIONS:
-            STRATEGY_OPTIONS[name](name, value)
+        elif row is not None and row.check is not None:  # the beam and draft options
+            row.check(name, value)
         elif kind == "watermark":
             check_watermarking_config(value)
 
@@ -314,46 +307,8 @@ def _check_stop_strings(value: Any) -> None:
             raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {got(item)}.")
 
 
-# ---- the options of beam search and assisted / prompt-lookup decoding ----
-# HF's loops read these without checking them: `length_penalty="2"` failed after the first model call,
-# `nan` gave meaningless beams, `num_assistant_tokens=inf` an OverflowError inside the draft loop.
-
-_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
-
-
-def _check_real(name: str, value: Any, low: float | None = None, high: float | None = None) -> None:
-    """A finite real (not a bool) in `[low, high]`."""
-    check_number(name, value, positive=False)
-    if (low is not None and value < low) or (high is not None and value > high):
-        expected = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"`{name}` must be a number {expected}, got {value!r}.")
-
-
-def _check_early_stopping(name: str, value: Any) -> None:
-    if not (isinstance(value, bool) or (value == "never" and isinstance(value, str))):
-        raise TypeError(f"`{name}` must be True, False or \"never\", got {got(value)}.")
-
-
-def _check_schedule(name: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be one of {list(_SCHEDULES)}, got {got(value)}.")
-    if value not in _SCHEDULES:
-        raise ValueError(f"`{name}` must be one of {list(_SCHEDULES)}, got {value!r}.")
-
-
-# option -> its check `(name, value) -> None`; None always passes (not set).
-STRATEGY_OPTIONS = {
-    "length_penalty": lambda name, value: _check_real(name, value),
-    "diversity_penalty": lambda name, value: _check_real(name, value),
-    "early_stopping": _check_early_stopping,
-    "low_memory": lambda name, value: check_flag(name, value),
-    "num_assistant_tokens": lambda name, value: _check_real(name, value, 1),
-    "assistant_confidence_threshold": lambda name, value: _check_real(name, value, 0, 1),
-    "num_assistant_tokens_schedule": _check_schedule,
-    "prompt_lookup_num_tokens": lambda name, value: check_count(name, value, 1),
-    "max_matching_ngram_size": lambda name, value: check_count(name, value, 1),
-}
-CHECKED_OPTIONS = (*CHECKED_OPTIONS, *STRATEGY_OPTIONS)
+# ---- the options of beam search and assisted / prompt-lookup decoding (`hf_option_rows`: kind "strategy") ----
+STRATEGY_OPTIONS = {name: row.check for name, row in HF_OPTION_ROWS.items() if row.kind == "strategy"}
 
 
 def check_strategy_options(config: Any) -> None:

@@ -1,5 +1,6 @@
-"""The registry's own checks for options whose values the bounds cannot say (`OptionRow.check`): mirostat's
-mode, a thinking budget's tags and message, DRY's sequence breakers, the temperature.
+"""The registry's own checks for options whose values the bounds cannot say (`OptionRow.check`: mirostat's
+mode, a thinking budget's tags and message, DRY's sequence breakers, the temperature; `HFOptionRow.check`:
+counts and the options of beam search and assisted decoding).
 
 >>> check_tag("thinking_start", [5, 6])
 >>> check_tag("thinking_start", [])
@@ -13,10 +14,12 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from hfbridge._step.value_checks import check_number, got, is_int
 from hfbridge.processors._dry_breakers import compile_breakers
 from hfbridge.processors._rows import RowParam, described, plain
 
-__all__ = ["check_breakers", "check_message", "check_mirostat", "check_tag", "check_temperature"]
+__all__ = ["check_breakers", "check_count", "check_early_stopping", "check_message", "check_mirostat", "check_real",
+           "check_schedule", "check_tag", "check_temperature"]
 
 
 def check_mirostat(name: str, value: Any) -> None:
@@ -66,3 +69,38 @@ def check_breakers(name: str, value: Any) -> None:
 
 def check_temperature(name: str, value: Any) -> None:
     RowParam(name, value, check=lambda v: "must be >= 0 (0 is greedy)" if v < 0 else None)
+
+
+def check_count(name: str, value: Any, minimum: int | None) -> None:
+    """`TypeError` unless `value` is an int (not a bool), `ValueError` when it is below `minimum`."""
+    if not is_int(value):
+        raise TypeError(f"`{name}` must be an int{'' if minimum is None else f' >= {minimum}'}, got {got(value)}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
+
+
+# the options of beam search and assisted / prompt-lookup decoding
+# HF's loops read these without checking them: `length_penalty="2"` failed after the first model call,
+# `nan` gave meaningless beams, `num_assistant_tokens=inf` an OverflowError inside the draft loop.
+
+_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+
+
+def check_real(name: str, value: Any, low: float | None = None, high: float | None = None) -> None:
+    """A finite real (not a bool) in `[low, high]`."""
+    check_number(name, value, positive=False)
+    if (low is not None and value < low) or (high is not None and value > high):
+        expected = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"`{name}` must be a number {expected}, got {value!r}.")
+
+
+def check_early_stopping(name: str, value: Any) -> None:
+    if not (isinstance(value, bool) or (value == "never" and isinstance(value, str))):
+        raise TypeError(f"`{name}` must be True, False or \"never\", got {got(value)}.")
+
+
+def check_schedule(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be one of {list(_SCHEDULES)}, got {got(value)}.")
+    if value not in _SCHEDULES:
+        raise ValueError(f"`{name}` must be one of {list(_SCHEDULES)}, got {value!r}.")
