@@ -32,10 +32,6 @@ from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.watermark import deferred
 
-# Options after which HF's default `top_k=50` is off unless `top_k` is passed: llama.cpp runs mirostat
-# without top-k, and top-nσ's paper applies it to the whole distribution.
-_NO_DEFAULT_TOP_K = {"mirostat": lambda value: value in (1, 2), "top_n_sigma": lambda value: value is not None}
-
 # Options whose processor depends on how long the prompt was (the registry's rows say).
 _NEEDS_PROMPT_LENGTH = tuple(name for name, row in HF_OPTION_ROWS.items() if "prompt_length" in row.needs)
 
@@ -144,7 +140,7 @@ def make_generation_config(
     top_k_passed = options.get("top_k") is not None or any(_sets_top_k(config) for config in configs)
     if not top_k_passed and any(off(community.get(name, next((getattr(config, name) for config in configs
                                                               if getattr(config, name, None) is not None), None)))
-                                for name, off in _NO_DEFAULT_TOP_K.items()):
+                                for name, off in _no_default_top_k().items()):
         options["top_k"] = 0  # HF's default top_k=50 is off for mirostat and top-nσ (docs/samplers.md)
     passed = {name: value for name, value in options.items() if name != "top_k" or top_k_passed}  # not ours
     greedy_by_temperature = _zero(options.get("temperature")) or (
@@ -235,6 +231,12 @@ def _refuse_other_strategies(config: GenerationConfig, user_config: GenerationCo
 # Options that select a decoding strategy other than greedy or sampling (HF's `get_generation_mode`),
 # with the test for "set": the registry's rows (`hf_option_rows`: `selects`).
 _STRATEGY_OPTIONS = {name: row.selects for name, row in HF_OPTION_ROWS.items() if row.selects is not None}
+
+
+def _no_default_top_k() -> dict[str, Callable[[Any], bool]]:
+    """Options after which HF's default `top_k=50` is off unless `top_k` is passed (the rows' `drops_top_k`):
+    llama.cpp runs mirostat without top-k, and top-nσ's paper applies it to the whole distribution."""
+    return {name: row.drops_top_k for name, row in ROWS.items() if row.drops_top_k is not None}
 
 
 def build_processors(

@@ -89,6 +89,7 @@ class OptionRow:
         keeps_ids_intact: HF's processor reads the ids without writing or keeping them (ours: the class's trait).
         chain: "head" for HF's processors that hfbridge's penalties follow (see `hf_option_rows`).
         token_ids: Its value may hold token ids (checked against the vocabulary at the first step).
+        drops_top_k: `value -> bool`: this value turns HF's default `top_k=50` off unless `top_k` is passed.
     """
 
     name: str
@@ -112,6 +113,7 @@ class OptionRow:
     keeps_ids_intact: bool = False
     chain: str | None = None
     token_ids: bool = False
+    drops_top_k: Callable[[Any], bool] | None = None
 
     @property
     def community(self) -> bool:
@@ -201,14 +203,15 @@ _ROWS = [
     _ours("smoothing_curve", SmoothingLogitsWarper, "curve", 1.0, sampling=True, bounds={"minimum": 1.0},
           place="after_temperature"),
     _ours("top_n_sigma", TopNSigmaLogitsWarper, "n", None, switch=True, sampling=True, bounds={"above": 0.0},
-          place="after_temperature"),
+          place="after_temperature", drops_top_k=lambda value: value is not None),
     _ours("xtc_threshold", XTCLogitsWarper, "threshold", 0.1, sampling=True, bounds={"above": 0.0, "maximum": 1.0},
           place="after_truncation"),
     _ours("xtc_probability", XTCLogitsWarper, "probability", 0.0, off=0.0, switch=True, sampling=True,
           bounds={"minimum": 0.0, "maximum": 1.0}, place="after_truncation", needs=("generator",)),
     # mirostat 2 (`mirostat=2`) or 1 (`mirostat=1`, with `mirostat_m`): `community_options.build` picks the class
     _ours("mirostat", MirostatLogitsWarper, "", 0, off=0, switch=True, sampling=True, per_row=False, integer=True,
-          check=check_mirostat, place="last", also_configures=(MirostatV1LogitsWarper.__name__,)),
+          check=check_mirostat, place="last", drops_top_k=lambda value: value in (1, 2),
+          also_configures=(MirostatV1LogitsWarper.__name__,)),
     _ours("mirostat_tau", MirostatLogitsWarper, "tau", 5.0, sampling=True, bounds={"above": 0.0}, place="last",
           also_configures=(MirostatV1LogitsWarper.__name__,)),
     _ours("mirostat_eta", MirostatLogitsWarper, "eta", 0.1, sampling=True, bounds={"above": 0.0}, place="last",
