@@ -34,7 +34,7 @@ from hfbridge._step.option_table import ROWS
 from hfbridge._step.row_checks import check_count, check_early_stopping, check_real, check_schedule
 from hfbridge._step.value_checks import check_flag
 
-__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "options_of_kind",
+__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "needing", "options_of_kind",
            "token_id_options"]
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,11 @@ class HFOptionRow:
         token_ids: Its value holds token ids (checked against the vocabulary at the first step).
         step: The step reads it (`sample_step` accepts it): it becomes a processor or decides one's parameters in
             HF's `_get_logits_processor` (or `_step/watermark.py`, `_step/guidance_processor.py`).
-        needs: What its processor needs besides: "prompt_length" (it depends on how long the prompt was).
+        needs: What its processor needs besides: "prompt_length" (it depends on how long the prompt was),
+            "prompt_end" (in an engine's request it counts the tokens from where the prompt ends), "eos" (the
+            end-of-sequence ids: a request's stop tokens unless `eos_token_id` is given).
+        whole_call: It holds for the whole call, the same in both phases of `thinking_options` (lengths, special
+            tokens, options whose processors need more than the step).
         check: A "strategy" option's check `(name, value) -> None` (the beam and draft options).
         selects: `value -> bool`: the value selects a decoding strategy other than greedy or sampling (HF's
             `get_generation_mode`); the step refuses it, naming the option.
@@ -75,6 +79,7 @@ class HFOptionRow:
     check: Callable[[str, Any], None] | None = None
     selects: Callable[[Any], bool] | None = None
     refused: str | None = None
+    whole_call: bool = False
 
 
 def _row(name: str, kind: str | None, *builds: str, intact: bool = True, **more: Any) -> HFOptionRow:
@@ -100,31 +105,33 @@ _ROWS = [
     _row("output_attentions", "flag"),
     _row("output_hidden_states", "flag"),
     _row("use_cache", "flag"),
-    _row("min_length", "count", "MinLengthLogitsProcessor", minimum=0, step=True),
-    _row("min_new_tokens", "count", "MinNewTokensLengthLogitsProcessor", minimum=0, step=True, needs=_PROMPT),
-    _row("max_length", "count", minimum=1, step=True),
-    _row("max_new_tokens", "count", minimum=1, step=True, needs=_PROMPT),
+    _row("min_length", "count", "MinLengthLogitsProcessor", minimum=0, step=True, needs=("prompt_end", "eos")),
+    _row("min_new_tokens", "count", "MinNewTokensLengthLogitsProcessor", minimum=0, step=True,
+         needs=("prompt_length", "prompt_end", "eos")),
+    _row("max_length", "count", minimum=1, step=True, whole_call=True),
+    _row("max_new_tokens", "count", minimum=1, step=True, whole_call=True, needs=_PROMPT),
     _row("num_return_sequences", "count", minimum=1),
     _row("num_beams", "count", minimum=1, selects=_above(1)),
     _row("num_beam_groups", "count", minimum=1, selects=_above(1)),
     # the guidance processor runs the model (with ids of its own): not intact
     _row("guidance_scale", "number", "UnbatchedClassifierFreeGuidanceLogitsProcessor", intact=False, chain="head",
-         step=True),
+         step=True, whole_call=True),
     _row("max_time", "number", positive=True),
-    _row("pad_token_id", "id", token_ids=True, step=True),
-    _row("bos_token_id", "id", token_ids=True, step=True),
+    _row("pad_token_id", "id", token_ids=True, step=True, whole_call=True),
+    _row("bos_token_id", "id", token_ids=True, step=True, whole_call=True),
     _row("forced_bos_token_id", "id", "ForcedBOSTokenLogitsProcessor", token_ids=True, step=True),
-    _row("eos_token_id", "ids", token_ids=True, step=True),
+    _row("eos_token_id", "ids", token_ids=True, step=True, whole_call=True),
     _row("forced_eos_token_id", "ids", "ForcedEOSTokenLogitsProcessor", token_ids=True, step=True),
     _row("suppress_tokens", "id_list", "SuppressTokensLogitsProcessor", token_ids=True, step=True),
     _row("begin_suppress_tokens", "id_list", "SuppressTokensAtBeginLogitsProcessor", token_ids=True, step=True,
-         needs=_PROMPT),
+         needs=("prompt_length", "prompt_end")),
     _row("bad_words_ids", "id_sequences", "NoBadWordsLogitsProcessor", token_ids=True, step=True),
     _row("sequence_bias", "sequence_bias", "SequenceBiasLogitsProcessor", chain="head", token_ids=True, step=True),
-    _row("exponential_decay_length_penalty", "decay", "ExponentialDecayLengthPenalty", step=True, needs=_PROMPT),
+    _row("exponential_decay_length_penalty", "decay", "ExponentialDecayLengthPenalty", step=True,
+         needs=("prompt_length", "prompt_end", "eos")),
     _row("stop_strings", "stop_strings"),
     _row("watermarking_config", "watermark", "WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
-         intact=False, chain="tail", step=True),
+         intact=False, chain="tail", step=True, whole_call=True),
     _row("encoder_repetition_penalty", None, "EncoderRepetitionPenaltyLogitsProcessor", intact=False, chain="head"),
     # beam search and assisted / prompt-lookup decoding: HF's loops read these without checking them
     # (`length_penalty="2"` failed after the first model call, `num_assistant_tokens=inf` inside the draft loop);
@@ -169,6 +176,11 @@ def chain_processors(chain: str) -> frozenset[str]:
     """The names of HF's processors at `chain` ("head" or "tail"), from both tables."""
     sampling = {row.processor for row in ROWS.values() if row.chain == chain and isinstance(row.processor, str)}
     return frozenset(sampling.union(*(row.builds for row in HF_OPTION_ROWS.values() if row.chain == chain)))
+
+
+def needing(need: str) -> tuple[str, ...]:
+    """The options whose processor needs `need` (see `HFOptionRow.needs`), in the table's order."""
+    return tuple(name for name, row in HF_OPTION_ROWS.items() if need in row.needs)
 
 
 def token_id_options() -> tuple[str, ...]:
