@@ -25,6 +25,7 @@ from hfbridge._generate.options import option_names
 from hfbridge._hf.host import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.hf_option_rows import HF_OPTION_ROWS
 from hfbridge._step.layout import Layout
 from hfbridge._step.option_checks import check_config_options, check_flag, check_options, check_tokenizer, did_you_mean
 from hfbridge._step.option_table import ROWS
@@ -135,14 +136,10 @@ def _check_streamer(streamer: Any) -> None:
         )
 
 
-# Options HF's `generate` implements with more than logits processors: (is it set?, why it cannot work here).
+# Options HF's `generate` implements with more than logits processors: the registry's rows (`hf_option_rows`:
+# `refused`) say why they cannot work here and when they are set (`selects`, else a true value).
 # (`guidance_scale` and `watermarking_config` run: `_generate/unconditional_branch.py`, `_step/watermark.py`.)
-_UNSUPPORTED = {
-    "penalty_alpha": (lambda value: value is not None and value > 0,
-                      "contrastive search re-ranks candidates with the model's hidden states. Transformers 5 moved "
-                      "it out of its core into the Hub repository transformers-community/contrastive-search"),
-    "token_healing": (lambda value: bool(value), "token healing re-tokenizes the prompt; heal it before the call"),
-}
+_UNSUPPORTED = {name: (row.selects or bool, row.refused) for name, row in HF_OPTION_ROWS.items() if row.refused}
 
 
 def check_config(config: GenerationConfig, tokenizer: Any) -> None:

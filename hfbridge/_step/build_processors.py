@@ -19,6 +19,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step import community_options
 from hfbridge._step.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
+from hfbridge._step.hf_option_rows import HF_OPTION_ROWS
 from hfbridge._step.option_checks import (
     check_config_options,
     check_flag,
@@ -31,23 +32,8 @@ from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.watermark import deferred
 
-# Options that become a logits processor (or decide its parameters) in HF's `_get_logits_processor`,
-# besides the registry's HF rows (`_step/option_table.py`).
-_PROCESSOR_OPTIONS = (
-    "bad_words_ids", "sequence_bias", "min_length",
-    "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "suppress_tokens",
-    "begin_suppress_tokens", "exponential_decay_length_penalty", "remove_invalid_values",
-    "renormalize_logits", "eos_token_id", "pad_token_id", "bos_token_id", "max_length",
-    # `_step/watermark.py`, `_step/guidance_processor.py`:
-    "max_new_tokens", "do_sample", "watermarking_config", "guidance_scale",
-)
-
-# Options after which HF's default `top_k=50` is off unless `top_k` is passed: llama.cpp runs mirostat
-# without top-k, and top-nσ's paper applies it to the whole distribution.
-_NO_DEFAULT_TOP_K = {"mirostat": lambda value: value in (1, 2), "top_n_sigma": lambda value: value is not None}
-
-# Options whose processor depends on how long the prompt was.
-_NEEDS_PROMPT_LENGTH = ("min_new_tokens", "max_new_tokens", "exponential_decay_length_penalty", "begin_suppress_tokens")
+# Options whose processor depends on how long the prompt was (the registry's rows say).
+_NEEDS_PROMPT_LENGTH = tuple(name for name, row in HF_OPTION_ROWS.items() if "prompt_length" in row.needs)
 
 
 @functools.cache
@@ -58,7 +44,10 @@ def step_option_names() -> frozenset[str]:
     True
     """
     hf_rows = [name for name, row in ROWS.items() if not row.community]
-    return frozenset((*_PROCESSOR_OPTIONS, *hf_rows)) & generation_option_names()
+    # besides the registry's HF sampling rows, the options that become a logits processor (or decide its
+    # parameters) in HF's `_get_logits_processor` (`hf_option_rows`: `step`)
+    others = [name for name, row in HF_OPTION_ROWS.items() if row.step]
+    return frozenset((*others, *hf_rows)) & generation_option_names()
 
 
 def check_option_names(options: Iterable[str], accepted: frozenset[str], *, caller: str) -> None:
@@ -151,7 +140,7 @@ def make_generation_config(
     top_k_passed = options.get("top_k") is not None or any(_sets_top_k(config) for config in configs)
     if not top_k_passed and any(off(community.get(name, next((getattr(config, name) for config in configs
                                                               if getattr(config, name, None) is not None), None)))
-                                for name, off in _NO_DEFAULT_TOP_K.items()):
+                                for name, off in _no_default_top_k().items()):
         options["top_k"] = 0  # HF's default top_k=50 is off for mirostat and top-nσ (docs/samplers.md)
     passed = {name: value for name, value in options.items() if name != "top_k" or top_k_passed}  # not ours
     greedy_by_temperature = _zero(options.get("temperature")) or (
@@ -240,18 +229,14 @@ def _refuse_other_strategies(config: GenerationConfig, user_config: GenerationCo
 
 
 # Options that select a decoding strategy other than greedy or sampling (HF's `get_generation_mode`),
-# with the test for "set".
-_STRATEGY_OPTIONS: dict[str, Callable[[Any], bool]] = {
-    "num_beams": lambda value: value is not None and value > 1,
-    "num_beam_groups": lambda value: value is not None and value > 1,
-    "diversity_penalty": lambda value: value is not None and value > 0,
-    "penalty_alpha": lambda value: value is not None and value > 0,
-    "constraints": lambda value: value is not None,
-    "force_words_ids": lambda value: value is not None,
-    "dola_layers": lambda value: value is not None,
-    "assistant_early_exit": lambda value: value is not None,
-    "prompt_lookup_num_tokens": lambda value: value is not None,
-}
+# with the test for "set": the registry's rows (`hf_option_rows`: `selects`).
+_STRATEGY_OPTIONS = {name: row.selects for name, row in HF_OPTION_ROWS.items() if row.selects is not None}
+
+
+def _no_default_top_k() -> dict[str, Callable[[Any], bool]]:
+    """Options after which HF's default `top_k=50` is off unless `top_k` is passed (the rows' `drops_top_k`):
+    llama.cpp runs mirostat without top-k, and top-nσ's paper applies it to the whole distribution."""
+    return {name: row.drops_top_k for name, row in ROWS.items() if row.drops_top_k is not None}
 
 
 def build_processors(

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from hfbridge.processors._traits import own_trait
+
 __all__ = ["check_not_meta", "extract_logits", "keeps_ids_intact"]
 
 
@@ -62,38 +64,23 @@ def check_not_meta(logits: torch.Tensor) -> None:
         )
 
 
-# HF's processors built from generation options that read `input_ids` without writing them and
-# without handing them to user code (checked in transformers' `logits_process.py`, 4.46 and 5.x:
-# they rebind, never modify, the ids). Not `PrefixConstrainedLogitsProcessor`: it calls the user's
-# function with the ids.
-_INTACT = (
-    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "RepetitionPenaltyLogitsProcessor",
-    "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
-    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "SuppressTokensLogitsProcessor",
-    "SuppressTokensAtBeginLogitsProcessor", "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor",
-    "ExponentialDecayLengthPenalty", "InfNanRemoveLogitsProcessor", "LogitNormalization",
-)
-
-
 @functools.cache
-def _intact_types() -> frozenset[type]:
+def _hf_intact_types() -> frozenset[type]:
+    """HF's processor classes the registry's rows mark `keeps_ids_intact` (they rebind, never modify, the ids;
+    not `PrefixConstrainedLogitsProcessor`: it calls the user's function with the ids)."""
     from transformers.generation import logits_process
 
-    from hfbridge import processors
+    from hfbridge._step.hf_option_rows import intact_processors
 
-    found = [getattr(logits_process, name, None) for name in _INTACT]
-    # hfbridge's samplers that keep no state: they read the ids (NumPy views, index ops) and keep no
-    # reference to them (a stateful one remembers rows; a caller that writes its ids in place would change them)
-    found += [processors.PresenceFrequencyPenaltyLogitsProcessor, processors.DRYLogitsProcessor,
-              processors.XTCLogitsWarper, processors.TopNSigmaLogitsWarper, processors.DynamicTemperatureLogitsWarper,
-              processors.SmoothingLogitsWarper]
+    found = [getattr(logits_process, name, None) for name in intact_processors()]
     return frozenset(kind for kind in found if isinstance(kind, type))
 
 
 def keeps_ids_intact(processors: Iterable[Any]) -> bool:
     """Whether none of `processors` can modify the token ids it is given or keep them: each is exactly one
-    of HF's own option-built classes or hfbridge's stateless samplers (a subclass may override `__call__`),
-    so the step may pass the caller's ids without a private copy."""
-    intact = _intact_types()
-    return all(type(processor) in intact for processor in processors)
+    of HF's option-built classes the registry marks so, or a class that declares the trait `keeps_ids_intact`
+    in its own body (`hfbridge/processors/_traits.py`; a subclass may override `__call__`, so it is not
+    inherited), so the step may pass the caller's ids without a private copy."""
+    intact = _hf_intact_types()
+    return all(type(processor) in intact or own_trait(type(processor), "keeps_ids_intact") is True
+               for processor in processors)

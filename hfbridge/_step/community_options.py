@@ -41,8 +41,9 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._step import sampler_order
+from hfbridge._step.hf_option_rows import chain_processors
 from hfbridge._step.option_checks import check_option_values
-from hfbridge._step.option_table import ROWS, OptionRow, community_rows
+from hfbridge._step.option_table import ROWS, OptionRow, community_rows, order_members
 
 __all__ = ["OPTIONS", "add_processors", "carry_options", "check_community", "split_options", "warper_options"]
 
@@ -195,12 +196,12 @@ def _penalty_arguments(config: GenerationConfig, v: Mapping[str, Any], arguments
     arguments["repetition_penalty"] = config.repetition_penalty if _windowed(config, v) else 1.0
 
 
-_BEFORE_PENALTIES = ("UnbatchedClassifierFreeGuidanceLogitsProcessor", "SequenceBiasLogitsProcessor",
-                     "EncoderRepetitionPenaltyLogitsProcessor", "RepetitionPenaltyLogitsProcessor")
+# HF's processors that hfbridge's penalties follow, and those its last samplers precede: the registry's rows say
+_BEFORE_PENALTIES = chain_processors("head")
 # HF's warpers, from the registry's HF rows: the temperature, then the truncation warpers (top-k, top-p, ...).
 _WARPERS = tuple(row.processor for row in ROWS.values() if row.sampling and not row.community)
 _TRUNCATION = tuple(name for name in _WARPERS if name != "TemperatureLogitsWarper")
-_TAIL = ("WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor", "LogitNormalization")
+_TAIL = chain_processors("tail")
 
 
 def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *, tokenizer: Any = None,
@@ -210,7 +211,7 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
     order = getattr(config, "sampler_order", None)
     if not built:
         if order is not None:
-            processors[:] = sampler_order.apply_order(list(processors), order)
+            processors[:] = sampler_order.apply_order(list(processors), order, order_members())
         return processors
     for processor in processors:
         if type(processor) in built:
@@ -257,6 +258,6 @@ def add_processors(processors: LogitsProcessorList, config: GenerationConfig, *,
     first = guidance[-1] + 1 if guidance else 0  # first, as llama.cpp's reasoning budget: what it forces stays
     items[first:first] = by_place.get("first", [])
     if order is not None:
-        items = sampler_order.apply_order(items, order)
+        items = sampler_order.apply_order(items, order, order_members())
     processors[:] = items
     return processors

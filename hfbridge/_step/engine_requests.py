@@ -28,6 +28,7 @@ from typing import Any
 
 from hfbridge._step import community_options
 from hfbridge._step.build_processors import step_option_names
+from hfbridge._step.hf_option_rows import needing
 from hfbridge._step.option_checks import did_you_mean
 from hfbridge._step.option_table import hf_sampling_options, sampling_options
 from hfbridge._step.sampler import Sampler
@@ -39,10 +40,10 @@ __all__ = ["EOS_OPTIONS", "LENGTH_OPTIONS", "LIST_OPTIONS", "Engine", "RequestOp
 _HF_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "sequence_bias", "bad_words_ids", "suppress_tokens",
                "begin_suppress_tokens", "min_new_tokens", "min_length", "exponential_decay_length_penalty",
                "eos_token_id", "remove_invalid_values", "renormalize_logits", *hf_sampling_options())
-# Options whose processor counts the request's tokens from where its prompt ends.
-LENGTH_OPTIONS = ("min_new_tokens", "min_length", "begin_suppress_tokens", "exponential_decay_length_penalty")
+# Options whose processor counts the request's tokens from where its prompt ends (the registry's rows say).
+LENGTH_OPTIONS = needing("prompt_end")
 # Options that need the end-of-sequence ids (the request's stop tokens unless `eos_token_id` is given).
-EOS_OPTIONS = ("min_new_tokens", "min_length", "exponential_decay_length_penalty")
+EOS_OPTIONS = needing("eos")
 # Options whose value is a list by nature; every other option takes one plain value per request.
 LIST_OPTIONS = ("sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "eos_token_id",
                 "exponential_decay_length_penalty", "dry_sequence_breakers", "thinking_start", "thinking_end",

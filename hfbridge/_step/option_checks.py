@@ -30,7 +30,10 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hfbridge._step.hf_option_rows import HF_OPTION_ROWS, options_of_kind
+from hfbridge._step.hf_option_rows import token_id_options as token_id_options_of_rows
 from hfbridge._step.option_table import ROWS, per_row_options, setting, without_effect
+from hfbridge._step.row_checks import check_count
 from hfbridge._step.value_checks import check_flag, check_number, got, is_int
 from hfbridge._step.watermark import check_watermarking_config
 from hfbridge.processors._rows import plain
@@ -39,44 +42,19 @@ __all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_config_options", "check
            "check_option_values", "check_options", "check_token_ids_in_vocab", "did_you_mean", "got", "is_int",
            "per_row_from_config", "token_id_options", "warn_without_effect"]
 
-# Options read as flags: a bool or None.
-_FLAGS = ("do_sample", "remove_invalid_values", "renormalize_logits", "return_dict_in_generate", "output_scores",
-          "output_logits", "output_attentions", "output_hidden_states", "use_cache")
-
-# Options read as counts: an int (not a bool) >= the minimum; None leaves the range to HF's own check.
-_COUNTS = {"min_length": 0, "min_new_tokens": 0, "max_length": 1,
-           "max_new_tokens": 1, "num_return_sequences": 1, "num_beams": 1, "num_beam_groups": 1}
-
-# Options read as numbers: finite reals (not bools); the ranges are HF's (checked in `_processors`)
-# except where HF has none. The sampling options (`temperature`, `top_k`, ...) are the registry's rows
-# (`option_table.ROWS`), checked there.
-_NUMBERS = ("guidance_scale", "max_time")
-_POSITIVE = ("max_time",)  # HF stops at once for max_time <= 0 without a word
+# HF's other options, by kind (`hf_option_rows.HF_OPTION_ROWS`: flags, counts, numbers, token ids, ...); the
+# sampling options (`temperature`, `top_k`, ...) are the registry's rows (`option_table.ROWS`), checked there.
+_ONE_ID = options_of_kind("id")  # "is" in the vocabulary message (the others "hold" ids)
 
 # The registry's HF rows (`temperature`, `top_k`, `repetition_penalty`, ...): checked by their row.
 HF_ROWS = tuple(name for name, row in ROWS.items() if not row.community)
 
-# Options holding token ids, and their shape: one id, one id or a non-empty list, a list of ids.
-_ONE_ID = ("pad_token_id", "bos_token_id", "forced_bos_token_id")
-_ONE_OR_MORE_IDS = ("eos_token_id", "forced_eos_token_id")
-_ID_LISTS = ("suppress_tokens", "begin_suppress_tokens")
-
-
 # Options holding token ids (checked against the vocabulary at the first step); DRY's breakers may be
 # strings too (those are found in the tokenizer's vocabulary).
-TOKEN_ID_OPTIONS = (*_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids", "sequence_bias", "dry_sequence_breakers")
+TOKEN_ID_OPTIONS = token_id_options_of_rows()
 
 # Every option `check_options` knows (a prepared config is checked on these names).
-CHECKED_OPTIONS = (*HF_ROWS, *_FLAGS, *_COUNTS, *_NUMBERS, *_ONE_ID, *_ONE_OR_MORE_IDS, *_ID_LISTS, "bad_words_ids",
-                   "sequence_bias", "exponential_decay_length_penalty", "stop_strings", "watermarking_config")
-
-
-def check_count(name: str, value: Any, minimum: int | None) -> None:
-    """`TypeError` unless `value` is an int (not a bool), `ValueError` when it is below `minimum`."""
-    if not is_int(value):
-        raise TypeError(f"`{name}` must be an int{'' if minimum is None else f' >= {minimum}'}, got {got(value)}.")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}.")
+CHECKED_OPTIONS = (*HF_ROWS, *(name for name, row in HF_OPTION_ROWS.items() if row.kind is not None))
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -88,31 +66,31 @@ def check_options(options: Mapping[str, Any]) -> None:
     for name, value in options.items():
         if value is None:
             continue
+        row = HF_OPTION_ROWS.get(name)
+        kind = row.kind if row is not None else None
         if name in ROWS:
             ROWS[name].check_value(value)
-        elif name in _FLAGS:
+        elif kind == "flag":
             check_flag(name, value)
-        elif name in _COUNTS:
-            check_count(name, value, _COUNTS[name])
-        elif name in _NUMBERS:
-            check_number(name, value, positive=name in _POSITIVE)
-        elif name in _ONE_ID:
+        elif row is not None and kind == "count":
+            check_count(name, value, row.minimum)
+        elif row is not None and kind == "number":
+            check_number(name, value, positive=row.positive)
+        elif kind == "id":
             _check_id(name, value)
-        elif name in _ONE_OR_MORE_IDS:
-            _check_ids(name, value, allow_single=True)
-        elif name in _ID_LISTS:
-            _check_ids(name, value, allow_single=False)
-        elif name == "bad_words_ids":
+        elif kind in ("ids", "id_list"):
+            _check_ids(name, value, allow_single=kind == "ids")
+        elif kind == "id_sequences":
             _check_id_sequences(name, value)
-        elif name == "sequence_bias":
+        elif kind == "sequence_bias":
             _check_sequence_bias(value)
-        elif name == "exponential_decay_length_penalty":
+        elif kind == "decay":
             _check_decay(value)
-        elif name == "stop_strings":
+        elif kind == "stop_strings":
             _check_stop_strings(value)
-        elif name in STRATEGY_OPTIONS:
-            STRATEGY_OPTIONS[name](name, value)
-        elif name == "watermarking_config":
+        elif row is not None and row.check is not None:  # the beam and draft options
+            row.check(name, value)
+        elif kind == "watermark":
             check_watermarking_config(value)
 
 
@@ -222,12 +200,13 @@ def token_id_options(options: Mapping[str, Any]) -> list[tuple[str, int]]:
         value = options.get(name)
         if value is None:
             continue
-        if name == "sequence_bias":
+        kind = HF_OPTION_ROWS[name].kind if name in HF_OPTION_ROWS else None
+        if kind == "sequence_bias":
             items = value.items() if isinstance(value, Mapping) else value
             pairs += [(name, int(token)) for sequence, _ in items for token in sequence]
-        elif name == "bad_words_ids":
+        elif kind == "id_sequences":
             pairs += [(name, int(token)) for sequence in value for token in sequence]
-        elif name == "dry_sequence_breakers":
+        elif name in ROWS:  # DRY's breakers: token-id sequences or strings
             pairs += [(name, int(token)) for sequence in value if not isinstance(sequence, str)
                       for token in (sequence.tolist() if hasattr(sequence, "tolist") else sequence)]
         elif is_int(value):
@@ -346,46 +325,8 @@ def _check_stop_strings(value: Any) -> None:
             raise TypeError(f"`stop_strings[{index}]` must be a non-empty string, got {got(item)}.")
 
 
-# ---- the options of beam search and assisted / prompt-lookup decoding ----
-# HF's loops read these without checking them: `length_penalty="2"` failed after the first model call,
-# `nan` gave meaningless beams, `num_assistant_tokens=inf` an OverflowError inside the draft loop.
-
-_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
-
-
-def _check_real(name: str, value: Any, low: float | None = None, high: float | None = None) -> None:
-    """A finite real (not a bool) in `[low, high]`."""
-    check_number(name, value, positive=False)
-    if (low is not None and value < low) or (high is not None and value > high):
-        expected = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"`{name}` must be a number {expected}, got {value!r}.")
-
-
-def _check_early_stopping(name: str, value: Any) -> None:
-    if not (isinstance(value, bool) or (value == "never" and isinstance(value, str))):
-        raise TypeError(f"`{name}` must be True, False or \"never\", got {got(value)}.")
-
-
-def _check_schedule(name: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"`{name}` must be one of {list(_SCHEDULES)}, got {got(value)}.")
-    if value not in _SCHEDULES:
-        raise ValueError(f"`{name}` must be one of {list(_SCHEDULES)}, got {value!r}.")
-
-
-# option -> its check `(name, value) -> None`; None always passes (not set).
-STRATEGY_OPTIONS = {
-    "length_penalty": lambda name, value: _check_real(name, value),
-    "diversity_penalty": lambda name, value: _check_real(name, value),
-    "early_stopping": _check_early_stopping,
-    "low_memory": lambda name, value: check_flag(name, value),
-    "num_assistant_tokens": lambda name, value: _check_real(name, value, 1),
-    "assistant_confidence_threshold": lambda name, value: _check_real(name, value, 0, 1),
-    "num_assistant_tokens_schedule": _check_schedule,
-    "prompt_lookup_num_tokens": lambda name, value: check_count(name, value, 1),
-    "max_matching_ngram_size": lambda name, value: check_count(name, value, 1),
-}
-CHECKED_OPTIONS = (*CHECKED_OPTIONS, *STRATEGY_OPTIONS)
+# ---- the options of beam search and assisted / prompt-lookup decoding (`hf_option_rows`: kind "strategy") ----
+STRATEGY_OPTIONS = {name: row.check for name, row in HF_OPTION_ROWS.items() if row.kind == "strategy"}
 
 
 def check_strategy_options(config: Any) -> None:

@@ -29,11 +29,11 @@ ValueError: `top_n_sigma` must be > 0.0, got -1.0.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hfbridge._step import sampler_order
+from hfbridge._step.row_checks import check_breakers, check_message, check_mirostat, check_tag, check_temperature
 from hfbridge.processors import (
     AdaptivePLogitsWarper,
     DRYLogitsProcessor,
@@ -46,11 +46,11 @@ from hfbridge.processors import (
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
 )
-from hfbridge.processors._dry_breakers import compile_breakers
 from hfbridge.processors._rows import RowParam, described, plain
+from hfbridge.processors._traits import own_trait
 from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
 
-__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "per_row_options",
+__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "order_members", "per_row_options",
            "plain_options", "register", "sampling_options", "sampling_processors", "setting", "switches_of",
            "unregister", "without_effect"]
 
@@ -84,6 +84,12 @@ class OptionRow:
         is_off: For a switch whose "off" is a range (`adaptive_target < 0`): `value -> bool`, instead of `off`.
         switched_by: For a tuning option, options besides its processor's switches that give it its effect
             (`penalty_last_n` with `repetition_penalty`); `switches_of` adds the switches.
+        order_name: HF's processor's name in llama.cpp's `sampler_order` (`"typ_p"`); hfbridge's classes declare
+            theirs as the trait `sampler_name` (`hfbridge/processors/_traits.py`).
+        keeps_ids_intact: HF's processor reads the ids without writing or keeping them (ours: the class's trait).
+        chain: "head" for HF's processors that hfbridge's penalties follow (see `hf_option_rows`).
+        token_ids: Its value may hold token ids (checked against the vocabulary at the first step).
+        drops_top_k: `value -> bool`: this value turns HF's default `top_k=50` off unless `top_k` is passed.
     """
 
     name: str
@@ -103,6 +109,11 @@ class OptionRow:
     carried: str = "attribute"
     is_off: Callable[[Any], bool] | None = None
     switched_by: tuple[str, ...] = ()
+    order_name: str | None = None
+    keeps_ids_intact: bool = False
+    chain: str | None = None
+    token_ids: bool = False
+    drops_top_k: Callable[[Any], bool] | None = None
 
     @property
     def community(self) -> bool:
@@ -140,58 +151,10 @@ class OptionRow:
         return any(item != self.off for item in items)
 
 
-def _mirostat(name: str, value: Any) -> None:
-    value = plain(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int (0 = off, 1 = mirostat 1.0, 2 = mirostat 2.0), "
-                        f"got {described(value)}.")
-    if value not in (0, 1, 2):
-        raise ValueError(f"`{name}` must be 0 (off), 1 (mirostat 1.0) or 2 (mirostat 2.0), got {value!r}.")
-
-
-def _tag(name: str, value: Any, *, empty: bool = False) -> None:
-    # a string (tokenized with the tokenizer when the processor is built) or token ids
-    if isinstance(value, str):
-        if not value and not empty:
-            raise ValueError(f"`{name}` is an empty string.")
-        return
-    if hasattr(value, "tolist") and getattr(value, "ndim", None) == 1 and str(value.dtype).split(".")[-1].startswith(
-            ("int", "uint")):
-        value = value.tolist()  # a tensor or numpy array of ids
-    if not isinstance(value, (list, tuple)) or not all(
-            isinstance(token, numbers.Integral) and not isinstance(token, bool) and int(token) >= 0 for token in value):
-        raise TypeError(f"`{name}` must be a string or a sequence of token ids (ints >= 0), got {described(value)}.")
-    if not value and not empty:
-        raise ValueError(f"`{name}` is empty: give at least one token id.")
-
-
-def _message(name: str, value: Any) -> None:
-    _tag(name, value, empty=True)
-
-
-def _breakers(name: str, value: Any) -> None:
-    # token-id sequences are compiled here; strings only checked (the tokenizer comes with the processor)
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"`{name}` must be a list of strings or of token-id sequences, got {described(value)}.")
-    for index, breaker in enumerate(value):
-        if isinstance(breaker, str):
-            if not breaker:
-                raise ValueError(f"`{name}[{index}]` is an empty string.")
-            continue
-        try:
-            compile_breakers([breaker], tokenizer=None)
-        except (TypeError, ValueError):
-            raise TypeError(f"`{name}[{index}]` must be a string or a non-empty sequence of token ids (ints >= 0), "
-                            f"got {described(breaker)}.") from None
-
-
-def _temperature(name: str, value: Any) -> None:
-    RowParam(name, value, check=lambda v: "must be >= 0 (0 is greedy)" if v < 0 else None)
-
-
 def _hf(name: str, processor: str, off: Any, *, sampling: bool = True, integer: bool = False,
         **more: Any) -> OptionRow:
-    return OptionRow(name, processor, off=off, sampling=sampling, integer=integer, carried="field", **more)
+    return OptionRow(name, processor, off=off, sampling=sampling, integer=integer, carried="field",
+                     keeps_ids_intact=True, **more)
 
 
 def _ours(name: str, processor: type, argument: str, default: Any, *, place: str, off: Any = None,
@@ -203,16 +166,17 @@ def _ours(name: str, processor: type, argument: str, default: Any, *, place: str
 _PENALTIES = PresenceFrequencyPenaltyLogitsProcessor
 _ROWS = [
     # HF's numeric options (HF builds and places their processors; a row of these may vary per row)
-    _hf("temperature", "TemperatureLogitsWarper", 1.0, check=_temperature,
+    _hf("temperature", "TemperatureLogitsWarper", 1.0, order_name="temperature", check=check_temperature,
         also_configures=("DynamicTemperatureLogitsWarper",)),
-    _hf("top_k", "TopKLogitsWarper", 0, integer=True),
-    _hf("top_p", "TopPLogitsWarper", 1.0),
-    _hf("min_p", "MinPLogitsWarper", None),
-    _hf("typical_p", "TypicalLogitsWarper", 1.0),
+    _hf("top_k", "TopKLogitsWarper", 0, order_name="top_k", integer=True),
+    _hf("top_p", "TopPLogitsWarper", 1.0, order_name="top_p"),
+    _hf("min_p", "MinPLogitsWarper", None, order_name="min_p"),
+    _hf("typical_p", "TypicalLogitsWarper", 1.0, order_name="typ_p"),
     _hf("epsilon_cutoff", "EpsilonLogitsWarper", 0.0),
     _hf("eta_cutoff", "EtaLogitsWarper", 0.0),
     _hf("top_h", "TopHLogitsWarper", None),
-    _hf("repetition_penalty", "RepetitionPenaltyLogitsProcessor", 1.0, sampling=False,
+    _hf("repetition_penalty", "RepetitionPenaltyLogitsProcessor", 1.0, sampling=False, order_name="penalties",
+        chain="head",
         also_configures=(_PENALTIES.__name__,)),  # with `penalty_last_n`, ours takes it over
     _hf("no_repeat_ngram_size", "NoRepeatNGramLogitsProcessor", 0, sampling=False, integer=True),
     # hfbridge.processors' samplers, in their order within each place
@@ -229,7 +193,7 @@ _ROWS = [
     _ours("dry_penalty_last_n", DRYLogitsProcessor, "penalty_last_n", -1, integer=True, bounds={"minimum": -1},
           place="penalties"),
     _ours("dry_sequence_breakers", DRYLogitsProcessor, "sequence_breakers", DEFAULT_SEQUENCE_BREAKERS,
-          per_row=False, check=_breakers, place="penalties"),
+          per_row=False, check=check_breakers, place="penalties", token_ids=True),
     _ours("dynatemp_range", DynamicTemperatureLogitsWarper, "range", 0.0, off=0.0, switch=True, sampling=True,
           bounds={"minimum": 0.0}, place="temperature", needs=("temperature",)),
     _ours("dynatemp_exponent", DynamicTemperatureLogitsWarper, "exponent", 1.0, sampling=True,
@@ -239,14 +203,15 @@ _ROWS = [
     _ours("smoothing_curve", SmoothingLogitsWarper, "curve", 1.0, sampling=True, bounds={"minimum": 1.0},
           place="after_temperature"),
     _ours("top_n_sigma", TopNSigmaLogitsWarper, "n", None, switch=True, sampling=True, bounds={"above": 0.0},
-          place="after_temperature"),
+          place="after_temperature", drops_top_k=lambda value: value is not None),
     _ours("xtc_threshold", XTCLogitsWarper, "threshold", 0.1, sampling=True, bounds={"above": 0.0, "maximum": 1.0},
           place="after_truncation"),
     _ours("xtc_probability", XTCLogitsWarper, "probability", 0.0, off=0.0, switch=True, sampling=True,
           bounds={"minimum": 0.0, "maximum": 1.0}, place="after_truncation", needs=("generator",)),
     # mirostat 2 (`mirostat=2`) or 1 (`mirostat=1`, with `mirostat_m`): `community_options.build` picks the class
     _ours("mirostat", MirostatLogitsWarper, "", 0, off=0, switch=True, sampling=True, per_row=False, integer=True,
-          check=_mirostat, place="last", also_configures=(MirostatV1LogitsWarper.__name__,)),
+          check=check_mirostat, place="last", drops_top_k=lambda value: value in (1, 2),
+          also_configures=(MirostatV1LogitsWarper.__name__,)),
     _ours("mirostat_tau", MirostatLogitsWarper, "tau", 5.0, sampling=True, bounds={"above": 0.0}, place="last",
           also_configures=(MirostatV1LogitsWarper.__name__,)),
     _ours("mirostat_eta", MirostatLogitsWarper, "eta", 0.1, sampling=True, bounds={"above": 0.0}, place="last",
@@ -260,14 +225,14 @@ _ROWS = [
     # a thinking budget (greedy or sampling), first in the chain
     _ours("thinking_budget", ThinkingBudgetLogitsProcessor, "budget", None, switch=True, integer=True,
           bounds={"minimum": 0}, place="first", needs=("tokenizer", "prompt_length")),
-    _ours("thinking_start", ThinkingBudgetLogitsProcessor, "start_ids", "<think>", per_row=False, check=_tag,
+    _ours("thinking_start", ThinkingBudgetLogitsProcessor, "start_ids", "<think>", per_row=False, check=check_tag,
           place="first"),
-    _ours("thinking_end", ThinkingBudgetLogitsProcessor, "end_ids", "</think>", per_row=False, check=_tag,
+    _ours("thinking_end", ThinkingBudgetLogitsProcessor, "end_ids", "</think>", per_row=False, check=check_tag,
           place="first"),
     _ours("thinking_budget_message", ThinkingBudgetLogitsProcessor, "message_ids", None, per_row=False,
-          check=_message, place="first"),
+          check=check_message, place="first"),
     # the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling): no processor
-    OptionRow("sampler_order", None, per_row=False, check=sampler_order.check_order, place="order"),
+    OptionRow("sampler_order", None, per_row=False, check=lambda name, value: _check_order(value), place="order"),
 ]
 
 ROWS: dict[str, OptionRow] = {row.name: row for row in _ROWS}
@@ -288,6 +253,22 @@ def unregister(*names: str) -> None:
     """Remove rows added with `register`."""
     for name in names:
         ROWS.pop(name, None)
+
+
+def order_members() -> dict[str, list[tuple[str, str]]]:
+    """llama.cpp's sampler name (`sampler_order`) -> `(class name, option)` for each row that builds or switches that
+    class: HF's rows by their `order_name`, hfbridge's switches by their class's trait `sampler_name`."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for row in ROWS.values():
+        kind = row.processor
+        name = row.order_name if isinstance(kind, str) else own_trait(kind, "sampler_name") if row.switch else None
+        if name is not None:
+            found.setdefault(name, []).append((kind if isinstance(kind, str) else kind.__name__, row.name))
+    return found
+
+
+def _check_order(value: Any) -> None:
+    sampler_order.parse_order(value, order_members())
 
 
 def sampling_options() -> tuple[str, ...]:

@@ -21,6 +21,7 @@ from transformers import GenerationConfig
 from hfbridge._hf.host import generation_option_names
 from hfbridge._step.build_processors import step_option_names
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.hf_option_rows import HF_OPTION_ROWS
 from hfbridge._step.option_checks import did_you_mean
 from hfbridge._step.per_row import PerRowValues, split_per_row
 from hfbridge.processors.thinking_budget import tag_ids
@@ -30,10 +31,9 @@ __all__ = ["PHASE_NAMES", "check_thinking_options", "expand_thinking_options", "
 
 PHASE_NAMES = ("answer", "thinking")  # a row's phase, by the value of `span_open`
 
-# Options of the whole call, the same in both phases: the tags that find the phase, the lengths, the special
-# tokens, and the options whose processors need more than the step (guidance's second sequence, watermarks).
-_CALL_OPTIONS = ("max_length", "max_new_tokens", "eos_token_id", "pad_token_id", "bos_token_id", "guidance_scale",
-                 "watermarking_config")
+# Options of the whole call, the same in both phases: the tags that find the phase, and the registry's rows that
+# say `whole_call` (the lengths, the special tokens, guidance's second sequence, watermarks).
+_CALL_OPTIONS = frozenset(name for name, row in HF_OPTION_ROWS.items() if row.whole_call)
 _TAGS = ("thinking_start", "thinking_end")
 
 

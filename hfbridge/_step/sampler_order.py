@@ -19,15 +19,18 @@ processors that do that sampler's work in the chain hfbridge builds:
 The named processors trade places in the chain (the places they hold in HF's order are refilled in
 the order given); every other processor (no-repeat-n-gram, bad words, minimum length, guidance,
 smoothing, epsilon, a thinking budget, your own `processors=`) keeps its place. Without
-`sampler_order` the chain is HF's order. Refused, with a message saying what to change: an unknown
+`sampler_order` the chain is HF's order. The names come from the registry (`option_table.order_members`):
+HF's rows say their processor's name (`order_name`), hfbridge's classes declare theirs (the trait
+`sampler_name`). Refused, with a message saying what to change: an unknown
 name, a name given twice (llama.cpp would run the sampler twice), `infill` (not provided), a sampler
 the options turn on but the order leaves out (llama.cpp would silently drop it; note that
 transformers turns `top_k=50` on by default when sampling), `adaptive_p` anywhere but last, and an
 order with `mirostat` (llama.cpp ignores the order then).
 
->>> parse_order("top_k;temperature;min-p")
+>>> from hfbridge._step.option_table import order_members
+>>> parse_order("top_k;temperature;min-p", order_members())
 ('top_k', 'temperature', 'min_p')
->>> parse_order(["top_k", "top-k"])
+>>> parse_order(["top_k", "top-k"], order_members())
 Traceback (most recent call last):
 ...
 ValueError: `sampler_order` names 'top_k' twice (at 0 and 1): each sampler runs once.
@@ -36,28 +39,29 @@ ValueError: `sampler_order` names 'top_k' twice (at 0 and 1): each sampler runs 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hfbridge.processors._rows import described
 
-__all__ = ["DEFAULT_ORDER", "GROUPS", "apply_order", "check_order", "parse_order"]
+__all__ = ["DEFAULT_ORDER", "Members", "apply_order", "groups", "parse_order"]
 
 DEFAULT_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 
-# llama.cpp's name -> the class names of the processors that do its work here
-GROUPS: dict[str, tuple[str, ...]] = {
-    "penalties": ("RepetitionPenaltyLogitsProcessor", "PresenceFrequencyPenaltyLogitsProcessor"),
-    "dry": ("DRYLogitsProcessor",),
-    "top_n_sigma": ("TopNSigmaLogitsWarper",),
-    "top_k": ("TopKLogitsWarper",),
-    "typ_p": ("TypicalLogitsWarper",),
-    "top_p": ("TopPLogitsWarper",),
-    "min_p": ("MinPLogitsWarper",),
-    "xtc": ("XTCLogitsWarper",),
-    "temperature": ("TemperatureLogitsWarper", "DynamicTemperatureLogitsWarper"),
-    "adaptive_p": ("AdaptivePLogitsWarper",),
-}
+# What a sampler's name stands for comes from the registry (`option_table.order_members`): llama.cpp's name ->
+# `(class name, option)` for each row that builds or switches that class (the callers pass it).
+Members = Mapping[str, Sequence[tuple[str, str]]]
+
+
+def groups(members: Members) -> dict[str, tuple[str, ...]]:
+    """llama.cpp's name -> the class names of the processors that do its work here.
+
+    >>> from hfbridge._step.option_table import order_members
+    >>> groups(order_members())["temperature"], groups(order_members())["xtc"]
+    (('TemperatureLogitsWarper', 'DynamicTemperatureLogitsWarper'), ('XTCLogitsWarper',))
+    """
+    return {name: tuple(dict.fromkeys(kind for kind, _ in found)) for name, found in members.items()}
+
 
 # llama.cpp's alternative names (`sampler_alt_name_map`)
 _ALTERNATIVES = {
@@ -66,16 +70,14 @@ _ALTERNATIVES = {
     "adaptive-p": "adaptive_p",
 }
 
-# the option that turns each group on, for the message when the order leaves it out
-_OPTION = {
-    "penalties": "repetition_penalty / presence_penalty / frequency_penalty", "dry": "dry_multiplier",
-    "top_n_sigma": "top_n_sigma", "top_k": "top_k", "typ_p": "typical_p", "top_p": "top_p", "min_p": "min_p",
-    "xtc": "xtc_probability", "temperature": "temperature", "adaptive_p": "adaptive_target",
-}
+def _option(members: Members, group: str) -> str:
+    """The options that turn `group` on, for the message when the order leaves it out."""
+    return " / ".join(dict.fromkeys(option for _, option in members[group]))
 
 
-def parse_order(order: Any) -> tuple[str, ...]:
-    """llama.cpp's names, canonical, from `"a;b;c"` or a list of names; errors name the option."""
+def parse_order(order: Any, members: Members) -> tuple[str, ...]:
+    """llama.cpp's names, canonical, from `"a;b;c"` or a list of names (those of `members`); errors name the
+    option."""
     if isinstance(order, str):
         items: Sequence[Any] = [item.strip() for item in order.split(";")]
         if items == [""]:
@@ -96,11 +98,12 @@ def parse_order(order: Any) -> tuple[str, ...]:
         if name == "infill":
             raise ValueError("`sampler_order` names 'infill', llama.cpp's fill-in-the-middle sampler, which hfbridge "
                              "does not provide.")
-        if name not in GROUPS:
-            close = difflib.get_close_matches(item, [*GROUPS, *_ALTERNATIVES], n=1)
+        known = members
+        if name not in known:
+            close = difflib.get_close_matches(item, [*known, *_ALTERNATIVES], n=1)
             hint = f" did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"`sampler_order[{index}]` is {item!r}, not one of llama.cpp's sampler names;{hint} "
-                             f"Names: {', '.join(sorted(GROUPS))}.")
+                             f"Names: {', '.join(sorted(known))}.")
         if name in names:
             raise ValueError(f"`sampler_order` names {name!r} twice (at {names.index(name)} and {index}): each "
                              "sampler runs once.")
@@ -111,28 +114,25 @@ def parse_order(order: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def check_order(name: str, value: Any) -> None:
-    """The option table's check: `value` parses (see `parse_order`)."""
-    parse_order(value)
-
-
-def apply_order(processors: list[Any], order: Any) -> list[Any]:
+def apply_order(processors: list[Any], order: Any, members: Members) -> list[Any]:
     """`processors` with the named ones refilled into their places in `order` (see the module).
 
     >>> from transformers import TemperatureLogitsWarper, TopKLogitsWarper
     >>> chain = [TemperatureLogitsWarper(0.5), TopKLogitsWarper(3)]
-    >>> [type(p).__name__ for p in apply_order(chain, "top_k;temperature")]
+    >>> from hfbridge._step.option_table import order_members
+    >>> [type(p).__name__ for p in apply_order(chain, "top_k;temperature", order_members())]
     ['TopKLogitsWarper', 'TemperatureLogitsWarper']
     """
-    names = parse_order(order)
-    group_of = {cls: group for group, classes in GROUPS.items() for cls in classes}
+    names = parse_order(order, members)
+    group_of = {cls: group for group, classes in groups(members).items() for cls in classes}
     slots = [index for index, processor in enumerate(processors) if type(processor).__name__ in group_of]
     for index in slots:
         group = group_of[type(processors[index]).__name__]
         if group not in names:
             raise ValueError(
                 f"`sampler_order` leaves out {group!r}, which the options turn on ({type(processors[index]).__name__}, "
-                f"from `{_OPTION[group]}`{_DEFAULT_NOTE.get(group, '')}): add {group!r} to the order, or turn it off.")
+                f"from `{_option(members, group)}`{_DEFAULT_NOTE.get(group, '')}): add {group!r} to the order, "
+                "or turn it off.")
     ranked = sorted(slots, key=lambda index: (names.index(group_of[type(processors[index]).__name__]), index))
     result = list(processors)
     for slot, source in zip(slots, ranked):

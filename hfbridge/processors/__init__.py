@@ -5,7 +5,8 @@ in `processors=`), and in transformers' own `model.generate(logits_processor=[..
 batched (no Python loop over rows or tokens), makes no host read of a device value, and takes one
 value or one value per row for each numeric parameter. Semantics follow llama.cpp's
 `src/llama-sampler.cpp` unless a class says otherwise. Imports: torch, transformers and NumPy (which
-transformers depends on) only.
+transformers depends on) only. Each class declares its traits (llama.cpp's sampler name, whether it keeps
+the token ids intact) as class attributes, documented in `hfbridge/processors/_traits.py`.
 
 | class | what it does |
 | --- | --- |

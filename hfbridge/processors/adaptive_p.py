@@ -60,6 +60,8 @@ class AdaptivePLogitsWarper(LogitsProcessor):
         state: `(rows, 2)` each row's `(weighted_sum, total_weight)` used by the last call (None before).
     """
 
+    sampler_name = "adaptive_p"  # traits (`hfbridge.processors._traits`): llama.cpp's name
+
     def __init__(self, target: Any = -1.0, decay: Any = 0.9):
         self.target = RowParam("target", target, maximum=1.0)
         self.decay = RowParam("decay", decay, minimum=0.0, maximum=0.99)

@@ -73,6 +73,9 @@ class DRYLogitsProcessor(LogitsProcessor):
         tokenizer: A transformers tokenizer, for string breakers.
     """
 
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    sampler_name = "dry"
+
     def __init__(self, multiplier: Any, base: Any = 1.75, allowed_length: Any = 2, penalty_last_n: Any = -1,
                  sequence_breakers: Iterable[Any] = DEFAULT_SEQUENCE_BREAKERS, tokenizer: Any = None):
         self.multiplier = RowParam("multiplier", multiplier, minimum=0.0)

@@ -48,6 +48,9 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         exponent: Shapes the curve from entropy to temperature (> 0). Default: 1.0.
     """
 
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    sampler_name = "temperature"
+
     def __init__(self, temperature: Any, range: Any, exponent: Any = 1.0):
         self.temperature = RowParam("temperature", temperature, minimum=0.0)
         self.range = RowParam("range", range, minimum=0.0)

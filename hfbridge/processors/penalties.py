@@ -65,6 +65,9 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
             (> 0; 1.0 = off). Default: 1.0.
     """
 
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    sampler_name = "penalties"
+
     def __init__(self, presence_penalty: Any = 0.0, frequency_penalty: Any = 0.0, penalty_last_n: Any = None,
                  prompt_length: int | None = None, repetition_penalty: Any = 1.0):
         self.presence_penalty = RowParam("presence_penalty", presence_penalty)

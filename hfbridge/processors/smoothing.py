@@ -43,6 +43,8 @@ class SmoothingLogitsWarper(LogitsProcessor):
         curve: 1 is quadratic; above 1 adds the cubic term (>= 1). Default: 1.0. One value, or one per row.
     """
 
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+
     def __init__(self, factor: Any, curve: Any = 1.0):
         self.factor = RowParam("factor", factor, minimum=0.0)
         self.curve = RowParam("curve", curve, minimum=1.0)

@@ -44,6 +44,9 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         min_tokens_to_keep: Keep at least this many of the best tokens (int >= 1). Default: 1.
     """
 
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    sampler_name = "top_n_sigma"
+
     def __init__(self, n: Any, filter_value: float = -float("inf"), min_tokens_to_keep: int = 1):
         self.n = RowParam("n", n, above=0.0)
         if isinstance(min_tokens_to_keep, bool) or not isinstance(min_tokens_to_keep, int) or min_tokens_to_keep < 1:

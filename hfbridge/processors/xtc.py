@@ -95,6 +95,9 @@ class XTCLogitsWarper(LogitsProcessor):
         filter_value: The score of a removed token. Default: -inf.
     """
 
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    sampler_name = "xtc"
+
     def __init__(self, threshold: Any = 0.1, probability: Any = 0.5, min_tokens_to_keep: int = 1,
                  generator: torch.Generator | None = None, filter_value: float = -float("inf")):
         self.threshold = RowParam("threshold", threshold, above=0.0, maximum=1.0)

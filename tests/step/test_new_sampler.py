@@ -1,12 +1,14 @@
-"""A new sampler is one `LogitsProcessor` class plus its rows in the option registry, and then works through
-every entry point: keywords, a `GenerationConfig`, per-row values, `explain_step`, hfbridge's `generate`
-and transformers' own `generate`. The sampler here is an example written for this test."""
+"""A new sampler is one `LogitsProcessor` class (its traits declared on it: `hfbridge/processors/_traits.py`) plus
+its row in the option registry, and then works through every entry point: keywords, a `GenerationConfig`, per-row
+values, `explain_step`, `sampler_order`, the step's uncopied ids (fast path included), hfbridge's `generate` and
+transformers' own `generate`. The sampler here is an example written for this test: this module is its "new
+module", `ROW` its one row, and nothing else in hfbridge changes."""
 
 import pytest
 import torch
-from transformers import GenerationConfig, LogitsProcessor
+from transformers import GenerationConfig, LogitsProcessor, TemperatureLogitsWarper
 
-from hfbridge import explain_step, generate, sample_step
+from hfbridge import Sampler, explain_step, generate, sample_step
 from hfbridge._step.option_table import OptionRow, register, unregister
 from hfbridge.processors._rows import RowParam
 
@@ -15,6 +17,9 @@ from _tiny_models import tiny_gpt2
 
 class TopDampLogitsWarper(LogitsProcessor):
     """Lowers each row's best score by `amount` (a warper: it applies when sampling). One value, or one per row."""
+
+    keeps_ids_intact = True  # traits: it reads no ids at all, so the step need not copy the caller's
+    sampler_name = "top_damp"  # `sampler_order`'s name for it
 
     def __init__(self, amount=0.0):
         self.amount = RowParam("amount", amount, minimum=0.0)
@@ -27,8 +32,6 @@ class TopDampLogitsWarper(LogitsProcessor):
 
 ROW = OptionRow("top_damp", TopDampLogitsWarper, argument="amount", off=0.0, default=0.0, switch=True,
                 sampling=True, bounds={"minimum": 0.0}, place="after_temperature")
-
-
 @pytest.fixture(autouse=True)
 def registered():
     register(ROW)
@@ -87,3 +90,47 @@ def test_generate_and_transformers_generate():
     torch.manual_seed(0)
     ours = generate(model, prompt, max_new_tokens=5, do_sample=True, top_damp=3.0, pad_token_id=0)
     assert torch.equal(ours, theirs)
+
+
+def draw(scores, seed):
+    """HF's draw (softmax, multinomial) from processed scores."""
+    return torch.multinomial(torch.softmax(scores, -1), 1, generator=G(seed)).squeeze(1)
+
+
+def test_sampler_order_moves_it_by_its_declared_name():
+    damp, temperature = TopDampLogitsWarper(2.0), TemperatureLogitsWarper(0.5)
+    after = draw(damp(None, temperature(None, X.clone())), 3)  # its place: right after the temperature
+    before = draw(temperature(None, damp(None, X.clone())), 3)
+    assert torch.equal(sample_step(X, top_damp=2.0, temperature=0.5, top_k=0, generator=G(3)), after)
+    got = sample_step(X, top_damp=2.0, temperature=0.5, top_k=0, sampler_order="top_damp;temperature", generator=G(3))
+    assert torch.equal(got, before)
+    trace = explain_step(X, top_damp=2.0, temperature=0.5, top_k=0, sampler_order=["top_damp", "temperature"], row=0)
+    assert [stage.name.rsplit(".", 1)[-1] for stage in trace.stages] == [
+        "input", "TopDampLogitsWarper", "TemperatureLogitsWarper"]
+    with pytest.raises(ValueError) as error:
+        sample_step(X, top_damp=2.0, top_k=0, sampler_order="temperature")
+    assert str(error.value) == ("`sampler_order` leaves out 'top_damp', which the options turn on "
+                                "(TopDampLogitsWarper, from `top_damp`): add 'top_damp' to the order, or turn it off.")
+
+
+class Writer(TopDampLogitsWarper):
+    """A user's subclass that writes the ids: it does not inherit the trait `keeps_ids_intact`."""
+
+    def __call__(self, input_ids, scores):
+        input_ids[:, 0] = 0
+        return super().__call__(input_ids, scores)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_callers_ids_are_passed_uncopied_by_its_trait(fast):
+    logits = torch.randn(2, 40, generator=G(0))
+    ids = torch.randint(0, 40, (2, 5), generator=G(1))
+    before = ids.clone()
+    sampler = Sampler(top_damp=2.0, top_k=0, do_sample=True, fast=fast, generator=G(2))
+    assert sampler.prepare(logits, ids)[1].data_ptr() == ids.data_ptr()  # no copy: its class says it keeps them
+    sampler(logits, ids)
+    assert torch.equal(ids, before)
+    writer = Sampler(processors=[Writer(1.0)], do_sample=True, top_k=0, fast=fast, generator=G(2))
+    assert writer.prepare(logits, ids)[1].data_ptr() != ids.data_ptr()  # a subclass: copied
+    writer(logits, ids)
+    assert torch.equal(ids, before)
