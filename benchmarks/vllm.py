@@ -208,14 +208,15 @@ def sampling_part(repeats: int = 3, counts: tuple[int, ...] = (1, 8, 32), length
 
     import _tiny_llama
 
-    folder = _tiny_llama.save(tempfile.mkdtemp(prefix="hfbridge-bench-"), vocab_size=V)
+    longest = max(lengths) + new + 8
+    folder = _tiny_llama.save(tempfile.mkdtemp(prefix="hfbridge-bench-"), vocab_size=V, max_positions=longest)
     engines: dict[str, Any] = {}
     rows = []
     try:
         for name, processors in (("plain", None), ("hfbridge", [HFBridgeLogitsProcessor])):
-            engines[name] = LLM(model=str(folder), dtype="float32", max_model_len=max(lengths) + new + 8,
+            engines[name] = LLM(model=str(folder), dtype="float32", max_model_len=longest,
                                 max_num_seqs=B, enforce_eager=True, seed=0, enable_prefix_caching=True,
-                                max_num_batched_tokens=B * (max(lengths) + new + 8), logits_processors=processors)
+                                max_num_batched_tokens=B * longest, logits_processors=processors)
         for length in lengths:
             for count in counts:
                 prompts = [{"prompt_token_ids": p}
