@@ -4,6 +4,7 @@
     python benchmarks/vllm.py --part processor # the processors alone, V=32000, no engine
     python benchmarks/vllm.py --part engine    # three engines on a tiny Llama, V=32000
     python benchmarks/vllm.py --part sampling  # hfbridge's chain against vLLM's own sampling, in one engine run
+    python benchmarks/vllm.py --part chain     # the sampling part's option sets, the processor alone (CPU time)
 
 Three ways to serve the same 32 requests (8 each of four option sets: HF's repetition penalty;
 no-repeat-3-gram + DRY; temperature + top-k + top-p; repetition penalty + top-n-sigma + min-p):
@@ -27,7 +28,8 @@ requests. Per configuration, the engine step is `(T(65 tokens) - T(1 token)) / 6
 repeats. Configurations: `plain` (vLLM sampling at temperature 1, nothing else: the floor), `vllm`
 (vLLM's own repetition / presence / frequency penalties, top-k, top-p, min-p), `hfbridge` (the same
 options through hfbridge), and at 32 requests hfbridge's DRY, XTC, top-nσ and mirostat 2 (their
-share of the engine step over `plain`).
+share of the engine step over `plain`). `chain` part: the same option sets through
+`HFBridgeLogitsProcessor` alone (`update_state` + `apply`, thread CPU time, medians of 30 steps after 5).
 """
 
 from __future__ import annotations
@@ -257,9 +259,39 @@ def sampling_part(repeats: int = 3, counts: tuple[int, ...] = (1, 8, 32), length
                       f"{step[name] / step['plain'] - 1:+.0%} |")
 
 
+def chain_part(counts: tuple[int, ...] = (1, 8, 32), lengths: tuple[int, ...] = (256, 2048), steps: int = 30,
+               warmup: int = 5) -> None:
+    torch.set_num_threads(1)
+    sets = [("vLLM's options", SAME, count) for count in counts] + [(name, options, B)
+                                                                   for name, options in OURS_ONLY.items()]
+    print(f"\nchain part: V={V}, HFBridgeLogitsProcessor alone, medians of {steps} steps (thread CPU time)\n")
+    print("| options | requests | history | ms / step |\n|---|---:|---:|---:|")
+    for name, options, count in sets:
+        for length in lengths:
+            generator = torch.Generator().manual_seed(length)
+            params = [SamplingParams(temperature=1.0, max_tokens=NEW, extra_args={"hfbridge": options})
+                      for _ in range(count)]
+            prompts = [torch.randint(3, V, (length,), generator=generator).tolist() for _ in range(count)]
+            outputs: list[list[int]] = [[] for _ in range(count)]
+            processor = HFBridgeLogitsProcessor(config(V), torch.device("cpu"), False)
+            processor.update_state(BatchUpdate(batch_size=count, removed=[], moved=[],
+                                               added=[(i, params[i], prompts[i], outputs[i]) for i in range(count)]))
+            times = []
+            for step in range(warmup + steps):
+                logits = torch.randn(count, V, generator=generator) * 4  # [N, V]
+                start = time.thread_time()
+                processor.update_state(None)
+                processor.apply(logits)
+                if step >= warmup:
+                    times.append(time.thread_time() - start)
+                for output in outputs:
+                    output.append(int(torch.randint(3, V, (1,), generator=generator)))
+            print(f"| {name} | {count} | {length} | {statistics.median(times) * 1e3:.2f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("processor", "engine", "sampling", "both"), default="both")
+    parser.add_argument("--part", choices=("processor", "engine", "sampling", "chain", "both"), default="both")
     parser.add_argument("--repeats", type=int, default=3, help="round-robin repeats of the sampling part")
     parser.add_argument("--counts", default="1,8,32", help="numbers of requests of the sampling part")
     parser.add_argument("--lengths", default="256,2048", help="prompt lengths of the sampling part")
@@ -269,6 +301,8 @@ def main() -> None:
         processor_part()
     if args.part in ("engine", "both"):
         engine_part()
+    if args.part == "chain":
+        chain_part(tuple(int(n) for n in args.counts.split(",")), tuple(int(n) for n in args.lengths.split(",")))
     if args.part == "sampling":
         sampling_part(args.repeats, tuple(int(n) for n in args.counts.split(",")),
                       tuple(int(n) for n in args.lengths.split(",")))
