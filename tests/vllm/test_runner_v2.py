@@ -254,3 +254,19 @@ def test_concurrent_requests_with_equal_stateful_options_keep_their_own_state(en
     assert all(len(step["slots"]) == 2 for step in runner.log[:3])  # both requests ran in the same steps
     for i, item in enumerate(requests):
         assert item.output == expected(model, item.prompt, options, seed=50 + i), (item.name, options)
+
+
+@pytest.mark.parametrize("options", [{"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.5, "mirostat_m": 20},
+                                     {"adaptive_target": 0.3, "adaptive_decay": 0.5}], ids=["mirostat1", "adaptive_p"])
+def test_a_request_that_continues_an_earlier_ones_text_starts_a_fresh_state(engine, model, options):
+    """A chat's next turn: its prompt is the previous request's prompt and answer, with the same options. Its state
+    starts fresh at its own prompt's end, as `hfbridge.generate` on that prompt gives."""
+    make, params = engine
+    options = {**options, "top_k": 0}
+    runner = Runner(make, model, vocab_size=VOCAB, slots=1)
+    first = request("turn1", [11, 40, 5], options, params, seed=60)
+    runner.run([first])
+    assert len(first.output) > 3
+    second = request("turn2", first.prompt + first.output, options, params, seed=61)
+    runner.run([second])
+    assert second.output == expected(model, second.prompt, options, seed=61)
