@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hfbridge._step import community_options
@@ -34,7 +34,7 @@ from hfbridge._step.option_table import hf_sampling_options, sampling_options
 from hfbridge._step.sampler import Sampler
 
 __all__ = ["EOS_OPTIONS", "LENGTH_OPTIONS", "LIST_OPTIONS", "Engine", "RequestOptions", "accepted_names",
-           "build_sampler", "check_options", "describe"]
+           "build_sampler", "check_options", "describe", "refuse_fields"]
 
 # HF's options that only change the scores (looked up on the installed transformers: `top_h` is new)
 _HF_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "sequence_bias", "bad_words_ids", "suppress_tokens",
@@ -125,6 +125,28 @@ def check_options(options: Mapping[str, Any], *, do_sample: bool, engine: Engine
                           eos_token_id=0 if request.needs_eos and "eos_token_id" not in options else None,
                           tokenizer=None, generator=None, check_only=True)
     return dataclasses.replace(request, stateful=trial.is_stateful)  # the processors say it, not a list of names
+
+
+def refuse_fields(params: Any, fields: Mapping[str, tuple[Callable[[Any], bool], str]], engine: Engine, *,
+                  label: str, how: str) -> None:
+    """Refuse the engine's own sampling fields next to hfbridge's options (the engine applies them apart from
+    hfbridge's chain): `fields[name] = (off, option)`, `off(value)` true when the field is off, `option`
+    hfbridge's option for the same thing. `label` names a field (`"SGLang's `{}`"`), `how` says where the
+    engine applies it.
+
+    >>> from types import SimpleNamespace
+    >>> engine = Engine(name="SGLang", where="`custom_params`", refused={})
+    >>> refuse_fields(SimpleNamespace(top_p=0.9), {"top_p": (lambda v: v == 1.0, "top_p")}, engine,
+    ...               label="SGLang's `{}`", how="after hfbridge's chain")
+    Traceback (most recent call last):
+    ...
+    ValueError: SGLang's `top_p`=0.9 with hfbridge options: SGLang applies it after hfbridge's chain, ...
+    """
+    for name, (off, option) in fields.items():
+        value = getattr(params, name, None)
+        if not off(value):
+            raise ValueError(f"{label.format(name)}={value!r} with hfbridge options: {engine.name} applies it {how}, "
+                             f"out of HF's order. Pass `{option}` in {engine.where} instead.")
 
 
 def _check_name(name: Any, engine: Engine) -> None:

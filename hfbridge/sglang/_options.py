@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hfbridge._step.engine_requests import Engine, RequestOptions, build_sampler, check_options
+from hfbridge._step.engine_requests import Engine, RequestOptions, build_sampler, check_options, refuse_fields
 
 __all__ = ["RequestOptions", "build_sampler", "check_params", "options_of"]
 
@@ -86,12 +86,7 @@ def _check_sglang_fields(params: Any) -> bool:
             f"SGLang's `temperature`={temperature!r} with hfbridge options: SGLang would divide hfbridge's scores by "
             "it after the chain. Leave it at 1.0 (sample from hfbridge's scores) or 0 (greedy), and pass hfbridge's "
             "`temperature` in `custom_params`.")
-    for field, (off, ours) in _SGLANG_FIELDS.items():
-        value = getattr(params, field, None)
-        if not off(value):
-            raise ValueError(
-                f"SGLang's `{field}`={value!r} with hfbridge options: SGLang applies it apart from hfbridge's chain, "
-                f"out of HF's order. Pass `{ours}` in `custom_params` instead.")
+    refuse_fields(params, _SGLANG_FIELDS, _SGLANG, label="SGLang's `{}`", how="apart from hfbridge's chain")
     top_k = getattr(params, "top_k", _TOP_K_ALL)
     if top_k not in (1, -1, _TOP_K_ALL, None):
         raise ValueError(f"SGLang's `top_k`={top_k!r} with hfbridge options: SGLang applies it after hfbridge's chain. "

@@ -1,11 +1,14 @@
 """A vLLM request's hfbridge options: read from `SamplingParams.extra_args["hfbridge"]`, checked, keyed.
 
 The options are hfbridge's and HF's own names (`repetition_penalty`, `dry_multiplier`, `top_p`, ...).
-`check_request` runs every check that can run before the request does (in vLLM's front end, which
-sees only the `SamplingParams`): the names, the values (hfbridge's own checks, by building the
-`Sampler` the options describe), one value per request, plain data, and the combinations with
-vLLM's own sampling fields that would be ambiguous. What needs the model (token ids against the
-vocabulary, DRY's string breakers against the tokenizer) is checked when the request reaches the
+The names, their checks, the description of a request and its `Sampler` are every engine's
+(`hfbridge._step.engine_requests`, shared with SGLang); what is vLLM's is where the options live,
+vLLM's own sampling fields, and the options vLLM does not take. `check_request` runs every check
+that can run before the request does (in vLLM's front end, which sees only the `SamplingParams`):
+the names, the values (hfbridge's own checks, by building the `Sampler` the options describe), one
+value per request, plain data, and the combinations with vLLM's own sampling fields that would be
+ambiguous. What needs the model (token ids against the vocabulary, DRY's string breakers against
+the tokenizer) is checked when the request reaches the
 worker (`_batch.py`).
 
 Nothing here imports vLLM: `params` is anything with `SamplingParams`' attributes.
@@ -23,33 +26,26 @@ True
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
-from hfbridge._step import community_options
-from hfbridge._step.build_processors import step_option_names
-from hfbridge._step.option_checks import did_you_mean
-from hfbridge._step.option_table import hf_sampling_options, sampling_options
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.engine_requests import (
+    EOS_OPTIONS,
+    LENGTH_OPTIONS,
+    Engine,
+    RequestOptions,
+    accepted_names,
+    build_sampler,
+    check_options,
+    refuse_fields,
+)
+
+__all__ = ["EOS_OPTIONS", "KEY", "LENGTH_OPTIONS", "RequestOptions", "accepted_names", "build_sampler",
+           "check_request", "read_options", "validate_params"]
 
 KEY = "hfbridge"  # SamplingParams.extra_args[KEY] holds the options
-
-# HF's options that only change the scores (looked up on the installed transformers: `top_h` is new)
-_HF_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "sequence_bias", "bad_words_ids", "suppress_tokens",
-               "begin_suppress_tokens", "min_new_tokens", "min_length", "exponential_decay_length_penalty",
-               "eos_token_id", "remove_invalid_values", "renormalize_logits", *hf_sampling_options())
-
-# Options whose processor counts the request's tokens from where its prompt ends.
-LENGTH_OPTIONS = ("min_new_tokens", "min_length", "begin_suppress_tokens", "exponential_decay_length_penalty")
-# Options that need the end-of-sequence ids (the request's stop tokens unless `eos_token_id` is given).
-EOS_OPTIONS = ("min_new_tokens", "min_length", "exponential_decay_length_penalty")
-# Options whose value is a list by nature; every other option takes one plain value per request.
-_LIST_OPTIONS = ("sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "eos_token_id",
-                 "exponential_decay_length_penalty", "dry_sequence_breakers")
 
 _REFUSED = {
     "do_sample": "vLLM's `SamplingParams.temperature` decides: 0 is greedy, 1 samples from hfbridge's scores",
@@ -62,6 +58,9 @@ _REFUSED = {
     "thinking_options": "vLLM's processor runs one chain per request, not one per phase, yet",
 }
 
+_VLLM = Engine(name="vLLM", where=f"`extra_args[{KEY!r}]`", refused=_REFUSED,
+               greedy_fix="set `SamplingParams(temperature=1.0)` (it is 0) to sample from hfbridge's scores")
+
 # vLLM's own sampling fields, their "off" test, and where the same thing lives in hfbridge's options.
 _VLLM_FIELDS: dict[str, tuple[Any, str]] = {
     "top_k": (lambda v: v in (0, -1, None), "top_k"),
@@ -72,44 +71,6 @@ _VLLM_FIELDS: dict[str, tuple[Any, str]] = {
     "frequency_penalty": (lambda v: not v, "frequency_penalty"),
 }
 _GREEDY_BELOW = 1e-5  # vLLM's `_SAMPLING_EPS`: a temperature under it is greedy
-
-
-@functools.cache
-def accepted_names() -> frozenset[str]:
-    """Every option name a request may set (HF's on the installed transformers, and hfbridge's samplers).
-
-    >>> {"dry_multiplier", "repetition_penalty", "top_p"} <= accepted_names()
-    True
-    """
-    return frozenset(name for name in _HF_OPTIONS if name in step_option_names()) | frozenset(
-        community_options.OPTIONS)
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestOptions:
-    """One request's checked options.
-
-    Attributes:
-        options: The options as the request gave them (plain data; never modified).
-        do_sample: Whether vLLM samples (its temperature is 1) or takes the argmax (0).
-        key: A canonical text of the options and the mode: requests with equal keys share a chain.
-        counts_from_prompt: Some processor counts tokens from where the prompt ends (`min_new_tokens`,
-            presence/frequency penalties without `penalty_last_n`, ...): rows share a call only with
-            rows of the same prompt length and the same number of generated tokens.
-        stateful: A processor keeps a state per request across steps (mirostat).
-        random: A processor draws random numbers of its own (XTC).
-        string_breakers: DRY's sequence breakers include strings, which need the model's tokenizer.
-        needs_eos: A processor masks the end-of-sequence ids.
-    """
-
-    options: Mapping[str, Any]
-    do_sample: bool
-    key: str
-    counts_from_prompt: bool
-    stateful: bool
-    random: bool
-    string_breakers: bool
-    needs_eos: bool
 
 
 def read_options(params: Any) -> Mapping[str, Any] | None:
@@ -146,50 +107,7 @@ def check_request(params: Any) -> RequestOptions | None:
     options = read_options(params)
     if options is None:
         return None
-    for name, value in options.items():
-        _check_name(name)
-        _check_plain(name, value)
-    do_sample = _check_vllm_fields(params)
-    if not do_sample:
-        sampling = [name for name in options if name in sampling_options()]
-        if sampling:
-            raise ValueError(
-                f"`{sampling[0]}` applies only when sampling, and the request is greedy (`SamplingParams."
-                f"temperature=0`); set `SamplingParams(temperature=1.0)` to sample from hfbridge's scores, "
-                f"or remove `{sampling[0]}`.")
-    community_options.check_community(options)  # DRY's breakers included, before the trial leaves strings out
-    request = _describe(dict(options), do_sample)
-    build_sampler(request, prompt_length=0 if request.counts_from_prompt else None,
-                  eos_token_id=0 if request.needs_eos and "eos_token_id" not in options else None,
-                  tokenizer=None, generator=None, check_only=True)
-    return request
-
-
-def _check_name(name: Any) -> None:
-    if not isinstance(name, str):
-        raise TypeError(f"`extra_args[{KEY!r}]` keys must be option names (str), got {name!r}.")
-    if name in _REFUSED:
-        raise ValueError(f"`{name}` is not taken in vLLM: {_REFUSED[name]}.")
-    if name not in accepted_names():
-        raise ValueError(f"`{name}` is not an hfbridge option vLLM requests take.{did_you_mean(name, accepted_names())}"
-                         f" Options: {', '.join(sorted(accepted_names()))}.")
-
-
-def _check_plain(name: str, value: Any) -> None:
-    """Values cross process boundaries: plain data only, and one value per request."""
-    def plain(item: Any) -> bool:
-        if item is None or isinstance(item, (bool, int, float, str)):
-            return True
-        if isinstance(item, (list, tuple)):
-            return all(plain(sub) for sub in item)
-        return False
-
-    if not plain(value):
-        raise TypeError(f"`{name}` must be plain data (numbers, strings, lists of them): vLLM sends it to other "
-                        f"processes; got {type(value).__module__}.{type(value).__name__}.")
-    if isinstance(value, (list, tuple)) and name not in _LIST_OPTIONS:
-        raise TypeError(f"`{name}` takes one value per request, got a list {value!r}: each vLLM request is one row "
-                        f"(send requests with different values instead).")
+    return check_options(options, do_sample=_check_vllm_fields(params), engine=_VLLM)
 
 
 def _check_vllm_fields(params: Any) -> bool:
@@ -200,48 +118,8 @@ def _check_vllm_fields(params: Any) -> bool:
             f"`SamplingParams.temperature`={temperature!r} with hfbridge options: vLLM would divide hfbridge's "
             f"scores by it after the chain. Leave it at 1.0 (sample from hfbridge's scores) or 0 (greedy), and "
             f"pass hfbridge's `temperature` in `extra_args[{KEY!r}]`.")
-    for field, (off, ours) in _VLLM_FIELDS.items():
-        value = getattr(params, field, None)
-        if not off(value):
-            raise ValueError(
-                f"`SamplingParams.{field}`={value!r} with hfbridge options: vLLM applies it after hfbridge's chain, "
-                f"out of HF's order. Pass `{ours}` in `extra_args[{KEY!r}]` instead.")
+    refuse_fields(params, _VLLM_FIELDS, _VLLM, label="`SamplingParams.{}`", how="after hfbridge's chain")
     return temperature >= _GREEDY_BELOW
-
-
-def _describe(options: dict[str, Any], do_sample: bool) -> RequestOptions:
-    get = options.get
-    penalties = bool(get("presence_penalty")) or bool(get("frequency_penalty"))
-    breakers = get("dry_sequence_breakers", community_options.OPTIONS["dry_sequence_breakers"].default)
-    dry = bool(get("dry_multiplier"))
-    return RequestOptions(
-        options=options,
-        do_sample=do_sample,
-        key=json.dumps([do_sample, options], sort_keys=True),
-        counts_from_prompt=any(get(name) is not None for name in LENGTH_OPTIONS)
-        or (penalties and get("penalty_last_n") is None),
-        stateful=do_sample and get("mirostat") == 2,
-        random=do_sample and bool(get("xtc_probability")),
-        string_breakers=dry and any(isinstance(breaker, str) for breaker in breakers),
-        needs_eos=any(get(name) is not None for name in EOS_OPTIONS),
-    )
-
-
-def build_sampler(request: RequestOptions, *, prompt_length: int | None, eos_token_id: Any, tokenizer: Any,
-                  generator: Any, check_only: bool = False) -> Sampler:
-    """The `Sampler` for these options (HF's chain, HF's order, hfbridge's checks).
-
-    `eos_token_id`: the ids `min_new_tokens` and its kin mask when the options do not name them.
-    `check_only`: build it to run the checks, with DRY's string breakers left out (no tokenizer yet).
-    """
-    options = dict(request.options)
-    if eos_token_id is not None and "eos_token_id" not in options:
-        options["eos_token_id"] = eos_token_id
-    if check_only and request.string_breakers:
-        breakers = options.get("dry_sequence_breakers", community_options.OPTIONS["dry_sequence_breakers"].default)
-        options["dry_sequence_breakers"] = [breaker for breaker in breakers if not isinstance(breaker, str)]
-    return Sampler(do_sample=request.do_sample, prompt_length=prompt_length, tokenizer=tokenizer,
-                   generator=generator, **options)
 
 
 def validate_params(params: Any) -> None:

@@ -25,11 +25,11 @@ def tokenizer(vocab_size: int = VOCAB) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def model(vocab_size: int = VOCAB) -> LlamaForCausalLM:
-    """The model, its weights drawn with seed 0 (float32)."""
+def model(vocab_size: int = VOCAB, max_positions: int = 512) -> LlamaForCausalLM:
+    """The model, its weights drawn with seed 0 (float32); `max_positions`: the longest sequence vLLM allows."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=max_positions,
                          bos_token_id=0, eos_token_id=EOS, pad_token_id=None, tie_word_embeddings=False,
                          torch_dtype="float32")
     llama = LlamaForCausalLM(config).eval()
@@ -38,10 +38,10 @@ def model(vocab_size: int = VOCAB) -> LlamaForCausalLM:
     return llama
 
 
-def save(folder: str | Path, vocab_size: int = VOCAB) -> Path:
+def save(folder: str | Path, vocab_size: int = VOCAB, max_positions: int = 512) -> Path:
     """Write the model and its tokenizer to `folder`; returns it."""
     folder = Path(folder)
-    model(vocab_size).save_pretrained(folder, safe_serialization=True)
+    model(vocab_size, max_positions).save_pretrained(folder, safe_serialization=True)
     tokenizer(vocab_size).save_pretrained(folder)
     return folder
 

@@ -251,3 +251,48 @@ def test_a_big_group_goes_in_slices_on_a_cpu_and_each_row_still_equals_the_sampl
     result = batch.apply(logits.clone())
     for i in range(5):
         assert torch.equal(result[i], alone(options, prompts[i], outputs[i], logits[i], do_sample=True))
+
+
+@pytest.mark.parametrize("options", [
+    {"sampler_order": ["temperature", "top_k"], "temperature": 0.5, "top_k": 4},
+    {"thinking_budget": 1, "thinking_start": [5], "thinking_end": [8, 9], "thinking_budget_message": [7]},
+], ids=["sampler_order", "thinking_tags"])
+def test_options_whose_value_is_a_list_are_taken_and_give_the_sampler_alone(options):
+    """`sampler_order` and the thinking budget's tags take lists of names or token ids (as every engine)."""
+    do_sample = "temperature" in options
+    prompts, outputs = [[3, 5], [4, 4, 5]], [[6], [6, 7]]  # each opens a thinking span (5) and spends its budget
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(4))
+    batch = Batch(vocab_size=V)
+    batch.update(added=[(i, params(options, temperature=1.0 if do_sample else 0.0), prompts[i], outputs[i])
+                        for i in range(2)])
+    result = batch.apply(logits.clone())
+    for i in range(2):
+        assert torch.equal(result[i], alone(options, prompts[i], outputs[i], logits[i], do_sample=do_sample))
+    forced = [row.isfinite().nonzero().flatten().tolist() for row in result]
+    assert "thinking_budget" not in options or forced == [[7], [8]]  # the message, then the end tag after it
+
+
+@pytest.mark.parametrize(("options", "stateful"), [
+    ({"mirostat": 2}, True), ({"mirostat": 1}, True), ({"adaptive_target": 0.3}, True),
+    ({"thinking_budget": 2, "thinking_start": [5], "thinking_end": [8]}, True), ({"top_k": 4}, False),
+    ({"xtc_probability": 0.5}, False),
+])
+def test_each_request_with_a_state_gets_its_own_chain(options, stateful):
+    """Stateful requests (the `Sampler` says which) never share a chain with another request of equal options."""
+    assert check_request(params(options, temperature=1.0)).stateful is stateful
+    batch = Batch(vocab_size=V)
+    batch.update(added=[(i, params(options, temperature=1.0), [5, 6], []) for i in range(2)])
+    assert len(batch.requests._samplers) == (0 if stateful else 1)
+
+
+def test_greedy_and_refusals_name_vllms_fields():
+    with pytest.raises(ValueError, match=re.escape("`top_p` applies only when sampling, and the request is greedy; "
+                                                   "set `SamplingParams(temperature=1.0)` (it is 0)")):
+        check_request(params({"top_p": 0.9}))
+    with pytest.raises(TypeError, match=re.escape("`extra_args['hfbridge']` keys must be option names (str)")):
+        check_request(params({5: 1}))
+    with pytest.raises(ValueError, match=re.escape("`thinking_options` is not taken in vLLM")):
+        check_request(params({"thinking_options": {"temperature": 0.5}}))
+    with pytest.raises(TypeError, match=re.escape("`temperature` takes one value per request, got a list [0.5, 0.7]: "
+                                                  "each vLLM request is one row")):
+        check_request(params({"temperature": [0.5, 0.7]}, temperature=1.0))

@@ -235,3 +235,38 @@ def test_a_vllm_without_model_runner_v2s_interface_names_the_v1_class(monkeypatc
     with pytest.raises(ImportError, match=re.escape("its engines run the V1 runner, which takes "
                                                     "`hfbridge.vllm.HFBridgeLogitsProcessor`")):
         hfbridge.vllm.HFBridgeLogitsProcessorV2
+
+
+@pytest.mark.parametrize("options", [
+    {"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.5, "mirostat_m": 20, "top_k": 0},
+    {"adaptive_target": 0.3, "adaptive_decay": 0.5, "top_k": 0},
+    {"thinking_budget": 2, "thinking_start": [5], "thinking_end": [8, 9], "thinking_budget_message": [7],
+     "top_k": 0},
+], ids=["mirostat1", "adaptive_p", "thinking_budget"])
+def test_concurrent_requests_with_equal_stateful_options_keep_their_own_state(engine, model, options):
+    """Two requests with the same options at once: each keeps its own state (mirostat's mu, adaptive-p's
+    average, the budget's count), as `hfbridge.generate` gives each alone."""
+    make, params = engine
+    prompts = [[11, 40, 5], [23, 5]]  # each opens a thinking span (the budget's start tag, 5)
+    requests = [request(f"r{i}", prompt, options, params, seed=50 + i) for i, prompt in enumerate(prompts)]
+    runner = Runner(make, model, vocab_size=VOCAB, slots=2)
+    runner.run(requests)
+    assert all(len(step["slots"]) == 2 for step in runner.log[:3])  # both requests ran in the same steps
+    for i, item in enumerate(requests):
+        assert item.output == expected(model, item.prompt, options, seed=50 + i), (item.name, options)
+
+
+@pytest.mark.parametrize("options", [{"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.5, "mirostat_m": 20},
+                                     {"adaptive_target": 0.3, "adaptive_decay": 0.5}], ids=["mirostat1", "adaptive_p"])
+def test_a_request_that_continues_an_earlier_ones_text_starts_a_fresh_state(engine, model, options):
+    """A chat's next turn: its prompt is the previous request's prompt and answer, with the same options. Its state
+    starts fresh at its own prompt's end, as `hfbridge.generate` on that prompt gives."""
+    make, params = engine
+    options = {**options, "top_k": 0}
+    runner = Runner(make, model, vocab_size=VOCAB, slots=1)
+    first = request("turn1", [11, 40, 5], options, params, seed=60)
+    runner.run([first])
+    assert len(first.output) > 3
+    second = request("turn2", first.prompt + first.output, options, params, seed=61)
+    runner.run([second])
+    assert second.output == expected(model, second.prompt, options, seed=61)
