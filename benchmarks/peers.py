@@ -67,7 +67,7 @@ from hfbridge.processors import (
     DynamicTemperatureLogitsWarper,
     PresenceFrequencyPenaltyLogitsProcessor,
 )
-from hfbridge.processors._host import owned_scores, scores_owned
+from hfbridge.processors._cpu_side import owned_scores, scores_owned
 
 TGW_CLASSES = ("DRYLogitsProcessor", "PresencePenaltyLogitsProcessor", "FrequencyPenaltyLogitsProcessor",
                "DynamicTemperatureLogitsWarper")

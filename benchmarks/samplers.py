@@ -50,7 +50,7 @@ from hfbridge.processors import (
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
 )
-from hfbridge.processors._host import owned_scores
+from hfbridge.processors._cpu_side import owned_scores
 
 TARGET = 8.0
 

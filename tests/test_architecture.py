@@ -182,7 +182,7 @@ def test_every_module_has_a_wing():
     ("hfbridge._step.fast.fast_path", "hfbridge._step.sampler"),
     ("hfbridge._models.adapters", "hfbridge._step.layout"),
     ("hfbridge._generate.loop", "hfbridge._views.html"),
-    ("hfbridge._hf.host", "hfbridge._step.layout"),
+    ("hfbridge._hf.stand_in", "hfbridge._step.layout"),
     ("hfbridge.processors", "hfbridge._step.layout"),
     ("hfbridge.demo._model", "hfbridge._step.sampler"),
     ("hfbridge.lm_eval._scoring", "hfbridge._step.caller_inputs"),

@@ -22,7 +22,7 @@ import torch
 from transformers import GenerationConfig
 
 from hfbridge._generate.options import option_names
-from hfbridge._hf.host import generation_option_names
+from hfbridge._hf.stand_in import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.hf_option_rows import HF_OPTION_ROWS

@@ -37,7 +37,7 @@ from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.prepared import Call
 from hfbridge._generate.unconditional_branch import split_guidance, unconditional_branch
-from hfbridge._hf.host import ProcessorHost, generation_option_names, special_token
+from hfbridge._hf.stand_in import ProcessorHost, generation_option_names, special_token
 from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
 from hfbridge._step.build_processors import callable_list, make_generation_config

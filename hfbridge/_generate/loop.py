@@ -29,9 +29,9 @@ import torch
 from transformers import StoppingCriteriaList
 
 from hfbridge._generate.finished import FinishedRows, InvalidRows
-from hfbridge._generate.padded_vocab import check_model_index_error
 from hfbridge._generate.prepared import Call as _Call
-from hfbridge._hf.host import special_token
+from hfbridge._generate.unembedded_ids import check_model_index_error
+from hfbridge._hf.stand_in import special_token
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.callables import AdapterTypeError
 from hfbridge._step.cpu_shortcuts import cpu_shortcuts, greedy_choice

@@ -31,7 +31,7 @@ from hfbridge._generate.finished import FinishedRows
 from hfbridge._generate.loop import _rows as last_position_rows
 from hfbridge._generate.loop import at_step, forward_and_update, pads_finished
 from hfbridge._generate.prepared import Call
-from hfbridge._hf.host import special_token
+from hfbridge._hf.stand_in import special_token
 from hfbridge._models.adapters import ModelAdapter
 
 __all__ = ["ReplayedSteps", "StepLogits", "given_logits", "model_logits", "replay_steps"]

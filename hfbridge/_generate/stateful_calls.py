@@ -9,7 +9,7 @@ every loop that moves rows or takes tokens back tells it:
   again, to the last length whose tokens they saw and kept: what they saw of rejected draft tokens (and
   of HF's prompt-lookup screening, which runs them on candidate tokens) is forgotten. After a rejected
   draft token that is the length before the target's own last token, and the step at that length is
-  replayed on the target's logits (`hf_loops/assisted_hosts.py`), so the next step continues it.
+  replayed on the target's logits (`hf_loops/assisted_stand_ins.py`), so the next step continues it.
 
 `Stateful` asks the call's `Sampler` once whether any processor keeps state, so a loop without one pays
 nothing, and goes through the `Sampler`'s own `reset` / `reorder` / `rollback`, which reach every stateful

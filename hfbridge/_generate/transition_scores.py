@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from hfbridge._hf.host import ProcessorHost
+from hfbridge._hf.stand_in import ProcessorHost
 
 
 def compute_transition_scores(

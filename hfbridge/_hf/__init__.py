@@ -32,7 +32,7 @@ assisted loops, candidate generators), `outputs` (HF's output classes), `caches`
 | `transformers.integrations.deepspeed.is_deepspeed_zero3_enabled`, `integrations.fsdp.is_fsdp_managed_module` | `integrations.is_sharded` | all | HF's own test for `synced_gpus` | `tests/generate/test_loop.py` |
 | `generate(custom_generate=callable)`: the call (`model, input_ids, logits_processor=, stopping_criteria=, generation_config=, **model_kwargs`), the callable's own keywords popped by its signature against `_sample`'s, `tokenizer` / `streamer` / `assistant_model` not passed; the folder form's arguments | `custom_generate` | callable 4.56+, its keywords 4.57+; folder 4.52+ | refused below `CALLABLE_KEYWORDS_SINCE`, naming the version | `tests/generate/test_custom_generate.py` |
 
->>> from hfbridge._hf.host import ProcessorHost
+>>> from hfbridge._hf.stand_in import ProcessorHost
 >>> ProcessorHost().device.type
 'cpu'
 """

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers.generation.utils import GenerationMixin
 
-from hfbridge._hf.host import ProcessorHost
+from hfbridge._hf.stand_in import ProcessorHost
 
 __all__ = ["CALLABLE_KEYWORDS_SINCE", "FOLDER_ARGUMENTS", "PREPARED_INPUTS", "built", "cache_length", "same_settings",
            "sample_parameters"]

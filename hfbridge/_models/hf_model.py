@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 
-from hfbridge._hf.host import ProcessorHost
 from hfbridge._hf.model_inputs import (
     carried_cache,
     drops_full_mask,
@@ -49,6 +48,7 @@ from hfbridge._hf.model_inputs import (
     reorder_model_cache,
     step_inputs,
 )
+from hfbridge._hf.stand_in import ProcessorHost
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.cache import check_croppable, crop_cache, reorder_cache
 

@@ -2,7 +2,7 @@
 
 Nothing here re-implements transformers: options are merged with HF's defaults by HF's
 `_prepare_generation_config`, and the processor list is built by HF's `_get_logits_processor`,
-both run on a stand-in host (`hfbridge._hf.host.ProcessorHost`). What hfbridge adds is checking the
+both run on a stand-in host (`hfbridge._hf.stand_in.ProcessorHost`). What hfbridge adds is checking the
 options up front, with messages that say what to change.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from hfbridge._hf.host import ProcessorHost, generation_option_names, prepare_lengths
+from hfbridge._hf.stand_in import ProcessorHost, generation_option_names, prepare_lengths
 from hfbridge._step import community_options
 from hfbridge._step.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
 from hfbridge._step.hf_option_rows import HF_OPTION_ROWS

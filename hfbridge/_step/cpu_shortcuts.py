@@ -26,7 +26,7 @@ from contextvars import ContextVar
 import numpy
 import torch
 
-from hfbridge.processors._host import device_only
+from hfbridge.processors._cpu_side import device_only
 
 __all__ = ["accelerator_route", "cpu_shortcuts", "greedy_choice", "ids_outside"]
 

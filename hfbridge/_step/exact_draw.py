@@ -26,7 +26,7 @@ import threading
 import numpy
 import torch
 
-from hfbridge.processors._host import host_path
+from hfbridge.processors._cpu_side import host_path
 
 __all__ = ["draw_one", "softmax"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from hfbridge._hf.host import generation_option_names
+from hfbridge._hf.stand_in import generation_option_names
 from hfbridge._step.build_processors import step_option_names
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.hf_option_rows import HF_OPTION_ROWS

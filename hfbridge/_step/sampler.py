@@ -33,7 +33,7 @@ from hfbridge._step.sampler_choice import StepChoice
 from hfbridge._step.sampler_rows import StepInputs
 from hfbridge._step.sampler_state import SamplerState, StepResult, first_warper
 from hfbridge._step.step_errors import at_step, processors_stage
-from hfbridge.processors._host import owned_scores
+from hfbridge.processors._cpu_side import owned_scores
 
 
 class Sampler(StepChoice, SamplerState, StepInputs):

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from hfbridge.processors._host import host_path
+from hfbridge.processors._cpu_side import host_path
 from hfbridge.processors._rows import RowParam
 
 __all__ = ["Found", "RowHistory"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hfbridge.processors._host import fused_path, host_path, scores_owned
+from hfbridge.processors._cpu_side import fused_path, host_path, scores_owned
 
 __all__ = ["RowParam", "best_k", "cut_below", "described", "finite_count", "gate", "plain"]
 

@@ -22,7 +22,7 @@ and llama.cpp; llama.cpp `src/llama-sampler.cpp`; defaults from `common/common.h
 training context (here: the whole of `input_ids`); text-generation-webui penalises by
 `multiplier * base ** (n - allowed)` without the cap, and matches breakers as single tokens only.
 
-Two paths, chosen by where the tensors live. On the CPU (`_dry_host.py`) NumPy searches every
+Two paths, chosen by where the tensors live. On the CPU (`_dry_cpu.py`) NumPy searches every
 row at once from the positions holding the window's last token, the only possible repeats, so the
 work follows the repeats present. Elsewhere (accelerators, `torch.compile`, `accelerator_route()`)
 the search is batched and sync-free: step 2 is a binary search on every position at once over
@@ -45,10 +45,10 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
+from hfbridge.processors._cpu_side import host_copy, host_path, scores_owned
 from hfbridge.processors._dry_breakers import Breakers, compile_breakers
+from hfbridge.processors._dry_cpu import HostRows, batch_penalties
 from hfbridge.processors._dry_explain import DRYMatch, dry_matches
-from hfbridge.processors._dry_host import HostRows, batch_penalties
-from hfbridge.processors._host import host_copy, host_path, scores_owned
 from hfbridge.processors._rows import RowParam
 
 __all__ = ["DEFAULT_SEQUENCE_BREAKERS", "DRYLogitsProcessor"]
@@ -151,7 +151,7 @@ class DRYLogitsProcessor(LogitsProcessor):
 
     def _on_host(self, input_ids: torch.Tensor, scores: torch.Tensor, settings: _RowSettings, windows: list[int],
                  live: list[bool]) -> torch.Tensor:
-        """The CPU path (`_dry_host.py`): the live rows searched at once with NumPy, one indexed write."""
+        """The CPU path (`_dry_cpu.py`): the live rows searched at once with NumPy, one indexed write."""
         rows, vocab = scores.shape
         single, groups = self._host_masks(vocab)
         ids = input_ids.numpy()  # [B, T], the caller's memory: read only

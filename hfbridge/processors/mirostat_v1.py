@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path
+from hfbridge.processors._cpu_side import fused_path
 from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam, best_k, cut_below
 

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path, row_copy, scores_owned, zeroed
+from hfbridge.processors._cpu_side import fused_path, row_copy, scores_owned, zeroed
 from hfbridge.processors._rows import RowParam, described
 
 __all__ = ["PresenceFrequencyPenaltyLogitsProcessor"]
@@ -200,7 +200,7 @@ class PresenceFrequencyPenaltyLogitsProcessor(LogitsProcessor):
     def _counts(self, scores: torch.Tensor, window: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """`(rows, M)` how often each window position's token occurs in its row's window (`weights` 1 or 0).
 
-        On the host path the counting buffer is this thread's `(rows, vocab)` zeros (`_host.zeroed`), kept
+        On the host path the counting buffer is this thread's `(rows, vocab)` zeros (`_cpu_side.zeroed`), kept
         zero: the counts are added at the window's tokens, read, and those places set back to 0 (a few
         thousand writes instead of a vocabulary-sized zeroed tensor per call). Elsewhere a fresh one.
         """

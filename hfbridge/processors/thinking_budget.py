@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import host_path
+from hfbridge.processors._cpu_side import host_path
 from hfbridge.processors._row_history import RowHistory
 from hfbridge.processors._rows import RowParam, described
 

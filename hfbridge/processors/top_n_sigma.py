@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path, scratch
+from hfbridge.processors._cpu_side import fused_path, scratch
 from hfbridge.processors._rows import RowParam, cut_below, described, finite_count, gate
 
 __all__ = ["TopNSigmaLogitsWarper"]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
-from hfbridge.processors._host import fused_path, scores_owned, scratch
+from hfbridge.processors._cpu_side import fused_path, scores_owned, scratch
 from hfbridge.processors._rows import RowParam, best_k, described
 
 __all__ = ["XTCCoin", "XTCLogitsWarper"]

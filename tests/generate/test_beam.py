@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig
 
 from hfbridge import Hooks, InputPos, Recompute, ReturnsCache, generate
-from hfbridge._hf.host import generation_option_names
+from hfbridge._hf.stand_in import generation_option_names
 from hfbridge._models.cache import CacheTypeError, reorder_cache
 
 from _tiny_models import (

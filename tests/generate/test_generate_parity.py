@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from transformers import GenerationConfig
 
 from hfbridge import InputPos, Recompute, ReturnsCache, generate
-from hfbridge._hf.host import generation_option_names
+from hfbridge._hf.stand_in import generation_option_names
 
 from _tiny_models import HF_MODELS, InputPosHF, model_cache, recompute_callable, returns_cache_callable
 

@@ -17,8 +17,8 @@ import torch
 from transformers.generation.utils import GenerationMixin
 
 from hfbridge import ReturnsCache, compute_transition_scores, generate
-from hfbridge._generate.hf_loops import assisted_hosts
-from hfbridge._generate.hf_loops.assisted_hosts import DraftHost
+from hfbridge._generate.hf_loops import assisted_stand_ins
+from hfbridge._generate.hf_loops.assisted_stand_ins import DraftHost
 from hfbridge._hf import contracts, names
 from hfbridge._hf.contracts import TransformersContractError
 
@@ -68,7 +68,7 @@ def test_the_error_names_the_contract_and_the_cache_name(monkeypatch):
 
 
 def test_a_beam_loop_that_stops_reordering_is_an_error(monkeypatch):
-    monkeypatch.setattr("hfbridge._generate.hf_loops.host.AdapterCache.reorder_cache", lambda self, beam_idx: None)
+    monkeypatch.setattr("hfbridge._generate.hf_loops.loop_stand_in.AdapterCache.reorder_cache", lambda self, beam_idx: None)
     with _expect("beam-reorder"):
         generate(_cached_model(), PROMPT, num_beams=2, max_new_tokens=3)
 
@@ -89,7 +89,7 @@ def test_assisted_loop_that_reads_the_cache_under_another_name_is_an_error(monke
 
 
 def test_an_assisted_loop_that_stops_cropping_is_an_error(monkeypatch):
-    monkeypatch.setattr(assisted_hosts.Rollback, "crop", lambda self, amount: None)
+    monkeypatch.setattr(assisted_stand_ins.Rollback, "crop", lambda self, amount: None)
     with _expect("assisted-crop"):
         generate(_cached_model(), PROMPT, prompt_lookup_num_tokens=2, max_new_tokens=6)
 
@@ -117,7 +117,7 @@ def test_a_draft_cache_not_handed_back_is_an_error():
         draft.generate(PROMPT, generation_config=config, max_new_tokens=2)  # HF forgot to hand its cache back
     first = draft.generate  # a cache under a name hfbridge does not expect
     with _expect("draft-cache"):
-        first(PROMPT, generation_config=config, max_new_tokens=2, **{OTHER_NAME: assisted_hosts.Rollback(draft)})
+        first(PROMPT, generation_config=config, max_new_tokens=2, **{OTHER_NAME: assisted_stand_ins.Rollback(draft)})
 
 
 def test_a_loop_signature_without_an_argument_is_an_error(monkeypatch):
@@ -193,7 +193,7 @@ def test_a_loop_and_cache_that_disagree_on_crop_give_an_error_or_the_same_tokens
 
 
 def test_a_beam_loop_whose_first_call_is_not_the_prompt_is_an_error(monkeypatch):
-    from hfbridge._generate.hf_loops.host import LoopHost
+    from hfbridge._generate.hf_loops.loop_stand_in import LoopHost
 
     original = LoopHost.__call__
 

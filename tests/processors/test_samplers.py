@@ -395,7 +395,7 @@ def test_a_row_with_nothing_left_stays_so_and_an_empty_batch_works(cls, params):
 
 def test_dry_writes_in_place_only_into_scores_it_owns():
     from hfbridge import Sampler
-    from hfbridge.processors._host import owned_scores
+    from hfbridge.processors._cpu_side import owned_scores
 
     ids = torch.tensor([[0, 1, 2, 0, 1]])
     dry = DRYLogitsProcessor(1.0, base=1.1, sequence_breakers=[])

@@ -32,7 +32,7 @@ from hfbridge.processors import (
     TopNSigmaLogitsWarper,
     XTCLogitsWarper,
 )
-from hfbridge.processors._host import owned_scores
+from hfbridge.processors._cpu_side import owned_scores
 
 WIDE = 2304  # at least the width where the cut runs per row (2048)
 

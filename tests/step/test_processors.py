@@ -10,7 +10,7 @@ from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel, LogitsPr
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler, build_processors, sample_step
-from hfbridge._hf.host import generation_option_names
+from hfbridge._hf.stand_in import generation_option_names
 
 PROMPT = torch.tensor([[0, 0, 5, 6, 7, 5], [3, 4, 5, 6, 7, 8]])
 MASK = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])

@@ -1,7 +1,7 @@
 """Hosts on which transformers' own beam and assisted loops run for any model.
 
 Entry points: `host.LoopHost` (a `GenerationMixin` whose forward is the model adapter), `beam`
-(`_beam_search` through the host), `assisted` / `assisted_hosts` (`_assisted_decoding`, the target
+(`_beam_search` through the host), `assisted` / `assisted_stand_ins` (`_assisted_decoding`, the target
 and draft hosts, prompt lookup).
 Imports: `hfbridge._step`, `hfbridge._models`, `hfbridge._hf`, the loop helpers of `hfbridge._generate`.
 

@@ -3,7 +3,7 @@
 `generate` hands a prepared call here when the options select HF's assisted generation mode
 (`assistant_model=`, or `prompt_lookup_num_tokens=`). The installed transformers' loop, candidate
 generators, speculative sampling and draft-length schedules run unchanged on `TargetHost` (the
-target) and `DraftHost` (the assistant; see `_generate/hf_loops/assisted_hosts.py`), so the result is HF's by
+target) and `DraftHost` (the assistant; see `_generate/hf_loops/assisted_stand_ins.py`), so the result is HF's by
 construction on every supported version. Rolling back rejected drafts goes through
 `ModelAdapter.crop` (see `_cache.crop_cache`).
 
@@ -27,8 +27,8 @@ from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from hfbridge._generate.call import progress_bar as _progress_bar
-from hfbridge._generate.hf_loops.assisted_hosts import DraftHost, TargetHost
-from hfbridge._generate.hf_loops.host import StepProcessors
+from hfbridge._generate.hf_loops.assisted_stand_ins import DraftHost, TargetHost
+from hfbridge._generate.hf_loops.loop_stand_in import StepProcessors
 from hfbridge._hf import names
 from hfbridge._hf.loops import lookup_screens_candidates, run_assisted_decoding
 from hfbridge._hf.outputs import with_cache

@@ -1,6 +1,6 @@
 """Beam search and beam sampling: HF's own `_beam_search` loop, run on an hfbridge model adapter.
 
-The installed transformers' loop runs unchanged on a `LoopHost` (see `_generate/hf_loops/host.py`): the
+The installed transformers' loop runs unchanged on a `LoopHost` (see `_generate/hf_loops/loop_stand_in.py`): the
 `BeamSearchScorer` loop of transformers 4.x, the vectorized one of 5.x. `sequences`, and with
 `return_dict_in_generate=True` HF's `GenerateBeamDecoderOnlyOutput` (`sequences_scores`, `scores`,
 `logits`, `beam_indices`), are therefore HF's for the same options and seed. The model's cache
@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._generate.hf_loops.host import LoopHost, StepProcessors
-from hfbridge._hf.host import special_token
+from hfbridge._generate.hf_loops.loop_stand_in import LoopHost, StepProcessors
 from hfbridge._hf.loops import run_beam_search
 from hfbridge._hf.outputs import with_cache
+from hfbridge._hf.stand_in import special_token
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._step.option_checks import check_strategy_options
 

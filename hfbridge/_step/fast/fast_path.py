@@ -100,7 +100,7 @@ from hfbridge._step.fast.top_p.route_table import top_p_plan
 from hfbridge._step.fast.weighted_draw import draw
 from hfbridge._step.processor_list import check_processor_output
 from hfbridge.processors import PresenceFrequencyPenaltyLogitsProcessor
-from hfbridge.processors._host import owned_scores
+from hfbridge.processors._cpu_side import owned_scores
 
 __all__ = ["FastDraw", "draw", "fast_draw", "fast_sample", "fast_scores", "top_candidates", "top_p_mask"]
 

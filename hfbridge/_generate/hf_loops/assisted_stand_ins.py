@@ -35,15 +35,15 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hfbridge._generate.call import decode as _decode
 from hfbridge._generate.call import prepare as _prepare
-from hfbridge._generate.hf_loops.host import LoopHost
+from hfbridge._generate.hf_loops.loop_stand_in import LoopHost
 from hfbridge._generate.loop import forward_and_update
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._hf import names
 from hfbridge._hf.caches import CacheBase
 from hfbridge._hf.contracts import check_crop_amount, check_cropped, check_handed_back
-from hfbridge._hf.host import AssistantStandIn, fresh_config
 from hfbridge._hf.loops import candidate_generator, is_prompt_lookup, prepare_prompt_lookup
 from hfbridge._hf.outputs import decoder_output, model_output
+from hfbridge._hf.stand_in import AssistantStandIn, fresh_config
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.callables import AdapterTypeError, checked_state
 from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS

@@ -34,8 +34,8 @@ from hfbridge._generate.loop import forward_and_update
 from hfbridge._generate.stateful_calls import Stateful
 from hfbridge._hf import names
 from hfbridge._hf.contracts import TransformersContractError, check_reordered
-from hfbridge._hf.host import ProcessorHost, fresh_config
 from hfbridge._hf.outputs import model_output
+from hfbridge._hf.stand_in import ProcessorHost, fresh_config
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.callables import AdapterTypeError, checked_state
 from hfbridge._step.layout import Layout
