@@ -13,7 +13,7 @@ A tiny random `LlamaForCausalLM` (V=8192) generates 512 tokens for 8 rows; then,
 - `replay(logits=)`: the replay from the recorded logits (`output_logits`);
 - `replay(teacher_forced)`: the replay running that one forward itself.
 
-Goal (issue 39): `replay(teacher_forced)` <= 2 x `chain` + `forward`.
+Goal: `replay(teacher_forced)` <= 2 x `chain` + `forward`.
 """
 
 from __future__ import annotations
