@@ -222,7 +222,7 @@ def test_smoothing_fused_multiply_adds_stay_within_two_roundings_of_the_exact_va
 
 
 def test_the_penalties_counting_buffer_stays_zero_between_calls():
-    from hfbridge.processors import _host
+    from hfbridge.processors import _cpu_side
 
     params = dict(presence_penalty=0.5, frequency_penalty=0.25, penalty_last_n=-1, repetition_penalty=1.3)
     host = PresenceFrequencyPenaltyLogitsProcessor(**params)
@@ -232,7 +232,7 @@ def test_the_penalties_counting_buffer_stays_zero_between_calls():
         with accelerator_route():
             expected = PresenceFrequencyPenaltyLogitsProcessor(**params)(ids, scores)
         assert torch.equal(host(ids, scores), expected)
-        assert not bool(_host._SCRATCH.zeros.any())  # no count of an earlier call may remain
+        assert not bool(_cpu_side._SCRATCH.zeros.any())  # no count of an earlier call may remain
     bad = ids.clone()
     bad[0, 7] = WIDE + 5
     with pytest.raises((IndexError, RuntimeError)):
