@@ -20,11 +20,9 @@ from typing import Any
 
 import torch
 
+from hfbridge.processors._rows import token_label
+
 __all__ = ["DRYMatch", "dry_matches"]
-
-
-def _id(token: int) -> str:
-    return f"#{token}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ class DRYMatch:
     base: float
     allowed_length: int
 
-    def text(self, label: Callable[[int], str] = _id) -> str:
+    def text(self, label: Callable[[int], str] = token_label) -> str:
         """One line: ``'x' would extend the repeat ... (5 tokens, also at 3-7): -0.8*1.75^(5-2) = -4.29``."""
         shown = " ".join(label(token) for token in self.repeat[-8:])
         if len(self.repeat) > 8:

@@ -27,7 +27,7 @@ import torch
 
 from hfbridge.processors._cpu_side import fused_path, host_path, scores_owned
 
-__all__ = ["RowParam", "best_k", "cut_below", "described", "finite_count", "gate", "plain"]
+__all__ = ["RowParam", "best_k", "cut_below", "described", "finite_count", "gate", "plain", "token_label"]
 
 
 def described(value: Any) -> str:
@@ -247,3 +247,12 @@ def _as_items(name: str, value: Any) -> list[Any]:
     if not items:
         raise ValueError(f"`{name}` is empty; pass a number, or one number per row.")
     return items
+
+
+def token_label(token: int) -> str:
+    """A token shown without a tokenizer, as the samplers' `describe_last` records write it: `#id`.
+
+    >>> token_label(42)
+    '#42'
+    """
+    return f"#{token}"

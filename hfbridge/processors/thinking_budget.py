@@ -51,7 +51,7 @@ from transformers import LogitsProcessor
 
 from hfbridge.processors._cpu_side import host_path
 from hfbridge.processors._row_history import RowHistory
-from hfbridge.processors._rows import RowParam, described
+from hfbridge.processors._rows import RowParam, described, token_label
 
 __all__ = ["BudgetState", "ThinkingBudgetLogitsProcessor", "span_open", "tag_ids"]
 
@@ -86,7 +86,7 @@ class BudgetState:
     def tokens(self) -> list[int]:
         return [] if self.forced is None else [self.forced]
 
-    def text(self, label: Callable[[int], str] = lambda token: f"#{token}") -> str:
+    def text(self, label: Callable[[int], str] = token_label) -> str:
         """One line: ``budget of 2 spent: forces '</think>' (end tag, token 1 of 1)``."""
         if self.phase == "forcing" and self.forced is not None:
             part, at, of = (("message", self.position, self.message) if self.position < self.message

@@ -37,13 +37,9 @@ import torch
 from transformers import LogitsProcessor
 
 from hfbridge.processors._cpu_side import fused_path, scores_owned, scratch
-from hfbridge.processors._rows import RowParam, best_k, described
+from hfbridge.processors._rows import RowParam, best_k, described, token_label
 
 __all__ = ["XTCCoin", "XTCLogitsWarper"]
-
-
-def _id(token: int) -> str:
-    return f"#{token}"
 
 
 @dataclass(frozen=True)
@@ -71,7 +67,7 @@ class XTCCoin:
     def tokens(self) -> list[int]:
         return self.removed
 
-    def text(self, label: Callable[[int], str] = _id) -> str:
+    def text(self, label: Callable[[int], str] = token_label) -> str:
         """One line: the coin, and what it removed."""
         coin = f"coin {self.coin:.3f} {'<' if self.fired else '>='} {self.probability:g}"
         if not self.fired:
