@@ -142,7 +142,7 @@ def overhead(clock, repeats: int, quick: bool) -> float:
     print("### 1. Loop overhead: greedy, B=1, a one-row-lookup model (V=32000)\n")
     print(f"Slopes between {short} and {long} new tokens, paired per round ({len(measured)} rounds, rotating order), "
           "medians. The bare loop is `model(ids)`, `logits[:, -1].argmax(-1)`, `torch.cat`. On CPU `generate`'s "
-          "argmax is numpy's (`_step/cpu_shortcuts.py`); the accelerator route runs torch's, as the bare loop: "
+          "argmax is numpy's (`_step/run/cpu_shortcuts.py`); the accelerator route runs torch's, as the bare loop: "
           "its difference "
           "is the loop's own overhead.\n")
     print("| loop | µs/step | - bare loop µs/step (paired) | target <= 15 |")

@@ -18,11 +18,11 @@ from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute
 from hfbridge._models.cache import crop_cache, reorder_cache
 from hfbridge._models.hooks import Hooks
 from hfbridge._models.returns_cache import ReturnsCache
-from hfbridge._step.build_processors import build_processors
-from hfbridge._step.cpu_shortcuts import accelerator_route
-from hfbridge._step.layout import Layout, from_rows, to_rows
-from hfbridge._step.sample_step import sample_step
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.plan.build_processors import build_processors
+from hfbridge._step.run.cpu_shortcuts import accelerator_route
+from hfbridge._step.run.layout import Layout, from_rows, to_rows
+from hfbridge._step.run.sample_step import sample_step
+from hfbridge._step.run.sampler import Sampler
 from hfbridge._views.compare import GenerationComparison, StepComparison, compare_generation, compare_step
 from hfbridge._views.explain_generation import GenerationTrace, TokenStep, explain_generation
 from hfbridge._views.explain_step import StepTrace, explain_step

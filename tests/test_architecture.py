@@ -104,7 +104,7 @@ def test_find_cycle_finds_one_and_only_one():
 def test_the_reader_sees_known_edges():
     # the reader sees the imports that matter: a sample of known edges of the real package
     assert "hfbridge._generate.call" in GRAPH["hfbridge._generate.hf_loops.assisted"]
-    assert "hfbridge._step.fast.fast_path" in GRAPH["hfbridge._step.sampler_choice"]
+    assert "hfbridge._step.fast.fast_path" in GRAPH["hfbridge._step.run.sampler_choice"]
     assert "hfbridge._generate.prepared" in GRAPH["hfbridge._generate.loop"]  # `Call`, below the loop
     assert "hfbridge._generate.call" not in imports_of("hfbridge._generate.loop", type_only=True)
 
@@ -122,8 +122,8 @@ WINGS = {
     "hfbridge.processors": set(),
     "hfbridge._models": {"hfbridge._hf"},
     "hfbridge._step": {"hfbridge._hf", "hfbridge.processors", "hfbridge._step.fast"},
-    "hfbridge._step.fast": {"hfbridge._step.cpu_shortcuts", "hfbridge._step.processor_list",
-                            "hfbridge._step.processor_repr", "hfbridge._step.row_errors", "hfbridge.processors"},
+    "hfbridge._step.fast": {"hfbridge._step.run.cpu_shortcuts", "hfbridge._step.run.processor_list",
+                            "hfbridge._step.plan.processor_repr", "hfbridge._step.checks.row_errors", "hfbridge.processors"},
     "hfbridge._generate": {"hfbridge._step", "hfbridge._models", "hfbridge._hf"},
     "hfbridge._views": {"hfbridge._step", "hfbridge._generate"},
     "hfbridge.vllm": {"hfbridge._step", "hfbridge.processors"},  # and vLLM (optional)
@@ -178,24 +178,24 @@ def test_every_module_has_a_wing():
 
 
 @pytest.mark.parametrize(("importer", "imported"), [
-    ("hfbridge._step.sampler", "hfbridge._generate.loop"),
-    ("hfbridge._step.fast.fast_path", "hfbridge._step.sampler"),
-    ("hfbridge._models.adapters", "hfbridge._step.layout"),
+    ("hfbridge._step.run.sampler", "hfbridge._generate.loop"),
+    ("hfbridge._step.fast.fast_path", "hfbridge._step.run.sampler"),
+    ("hfbridge._models.adapters", "hfbridge._step.run.layout"),
     ("hfbridge._generate.loop", "hfbridge._views.html"),
-    ("hfbridge._hf.stand_in", "hfbridge._step.layout"),
-    ("hfbridge.processors", "hfbridge._step.layout"),
-    ("hfbridge.demo._model", "hfbridge._step.sampler"),
-    ("hfbridge.lm_eval._scoring", "hfbridge._step.caller_inputs"),
+    ("hfbridge._hf.stand_in", "hfbridge._step.run.layout"),
+    ("hfbridge.processors", "hfbridge._step.run.layout"),
+    ("hfbridge.demo._model", "hfbridge._step.run.sampler"),
+    ("hfbridge.lm_eval._scoring", "hfbridge._step.checks.caller_inputs"),
 ])
 def test_the_table_refuses_upward_imports(importer, imported):
     assert not allowed(importer, imported)
 
 
 @pytest.mark.parametrize(("importer", "imported"), [
-    ("hfbridge._step.sampler", "hfbridge._step.fast.fast_path"),
+    ("hfbridge._step.run.sampler", "hfbridge._step.fast.fast_path"),
     ("hfbridge._step.fast.top_p.draw_then_check", "hfbridge._step.fast.candidates"),
-    ("hfbridge._step.fast.fast_path", "hfbridge._step.cpu_shortcuts"),
-    ("hfbridge._generate.loop", "hfbridge._step.sampler"),
+    ("hfbridge._step.fast.fast_path", "hfbridge._step.run.cpu_shortcuts"),
+    ("hfbridge._generate.loop", "hfbridge._step.run.sampler"),
     ("hfbridge._views.explain_step", "hfbridge._step.fast.fast_path"),
     ("hfbridge._views.explain_generation", "hfbridge._generate.output"),
 ])

@@ -1,7 +1,7 @@
 """A griffe extension for the API reference: a docstring's `>>>` examples become `pycon` code blocks.
 
 It also writes the option registry's list where a docstring says `[registry options]`, as the
-package does at import for `help()` (`hfbridge/_step/option_docs.py`), since griffe reads the source.
+package does at import for `help()` (`hfbridge/_step/plan/option_docs.py`), since griffe reads the source.
 
 hfbridge's docstrings open with runnable examples (`tests/test_docstrings.py` runs them) written as
 plain doctest lines; Markdown would read them as a paragraph (and `[...]` output as links).
@@ -14,7 +14,7 @@ from typing import Any
 
 import griffe
 
-from hfbridge._step.option_docs import fill_options
+from hfbridge._step.plan.option_docs import fill_options
 
 
 class DoctestsAsCode(griffe.Extension):

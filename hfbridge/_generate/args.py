@@ -24,12 +24,18 @@ from transformers import GenerationConfig
 from hfbridge._generate.options import option_names
 from hfbridge._hf.stand_in import generation_option_names
 from hfbridge._models.adapters import ModelAdapter
-from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
-from hfbridge._step.hf_option_rows import HF_OPTION_ROWS
-from hfbridge._step.layout import Layout
-from hfbridge._step.option_checks import check_config_options, check_flag, check_options, check_tokenizer, did_you_mean
-from hfbridge._step.option_table import ROWS
-from hfbridge._step.per_row_draw import check_generators
+from hfbridge._step.checks.option_checks import (
+    check_config_options,
+    check_flag,
+    check_options,
+    check_tokenizer,
+    did_you_mean,
+)
+from hfbridge._step.plan.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS
+from hfbridge._step.plan.option_table import ROWS
+from hfbridge._step.run.layout import Layout
+from hfbridge._step.run.per_row_draw import check_generators
 
 __all__ = ["check_carried_options", "check_config", "check_input_ids", "checked_arguments", "has_default_max_length",
            "split_kwargs"]
@@ -138,7 +144,7 @@ def _check_streamer(streamer: Any) -> None:
 
 # Options HF's `generate` implements with more than logits processors: the registry's rows (`hf_option_rows`:
 # `refused`) say why they cannot work here and when they are set (`selects`, else a true value).
-# (`guidance_scale` and `watermarking_config` run: `_generate/unconditional_branch.py`, `_step/watermark.py`.)
+# (`guidance_scale` and `watermarking_config` run: `_generate/unconditional_branch.py`, `_step/plan/watermark.py`.)
 _UNSUPPORTED = {name: (row.selects or bool, row.refused) for name, row in HF_OPTION_ROWS.items() if row.refused}
 
 

@@ -40,12 +40,12 @@ from hfbridge._generate.unconditional_branch import split_guidance, unconditiona
 from hfbridge._hf.stand_in import ProcessorHost, generation_option_names, special_token
 from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
-from hfbridge._step.build_processors import callable_list, make_generation_config
-from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
-from hfbridge._step.option_checks import per_row_from_config
-from hfbridge._step.per_row import PerRowValues, split_per_row
-from hfbridge._step.phase_options import check_thinking_options, expand_thinking_options
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.checks.option_checks import per_row_from_config
+from hfbridge._step.plan.build_processors import callable_list, make_generation_config
+from hfbridge._step.plan.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.plan.per_row import PerRowValues, split_per_row
+from hfbridge._step.plan.phase_options import check_thinking_options, expand_thinking_options
+from hfbridge._step.run.sampler import Sampler
 
 
 def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
@@ -62,7 +62,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
     kwargs, guidance = split_guidance(options.kwargs)
     kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
-    # one value per prompt (`_step/per_row.py`), a passed config's read as the keyword's
+    # one value per prompt (`_step/plan/per_row.py`), a passed config's read as the keyword's
     kwargs, per_row = split_per_row(per_row_from_config(generation_config, kwargs))
     thinking = check_thinking_options(options.thinking_options)  # by name; values when its samplers are built
     attention_mask, config_options, model_inputs, layout = checked_arguments(

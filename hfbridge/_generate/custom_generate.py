@@ -51,7 +51,7 @@ from hfbridge._hf.custom_generate import (
     same_settings,
     sample_parameters,
 )
-from hfbridge._step.option_table import ROWS
+from hfbridge._step.plan.option_table import ROWS
 
 __all__ = ["custom_generate"]
 

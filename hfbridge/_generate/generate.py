@@ -33,9 +33,9 @@ from hfbridge._generate.strategies import STRATEGIES, check_loop_options
 from hfbridge._generate.unconditional_branch import check_guidance_loop
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.choose import as_adapter
-from hfbridge._step.layout import LayoutLike
-from hfbridge._step.option_checks import check_flag
-from hfbridge._step.option_docs import fill_options
+from hfbridge._step.checks.option_checks import check_flag
+from hfbridge._step.plan.option_docs import fill_options
+from hfbridge._step.run.layout import LayoutLike
 
 
 # The return type follows `return_dict_in_generate`: a tensor by default, HF's output object with

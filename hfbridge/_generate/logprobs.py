@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from hfbridge._generate.output import padding_flags, read_output, score_rows, stacked_rows, token_ids
-from hfbridge._step.padded_vocab import check_drawn_ids
-from hfbridge._step.token_text import token_text
+from hfbridge._step.plan.padded_vocab import check_drawn_ids
+from hfbridge._step.plan.token_text import token_text
 
 __all__ = ["logprobs", "token_entry"]
 

@@ -34,10 +34,10 @@ from hfbridge._generate.unembedded_ids import check_model_index_error
 from hfbridge._hf.stand_in import special_token
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.callables import AdapterTypeError
-from hfbridge._step.cpu_shortcuts import cpu_shortcuts, greedy_choice
-from hfbridge._step.route import Route
-from hfbridge._step.sampler import Sampler, extract_logits
-from hfbridge._step.step_errors import add_note, at_step
+from hfbridge._step.checks.step_errors import add_note, at_step
+from hfbridge._step.run.cpu_shortcuts import cpu_shortcuts, greedy_choice
+from hfbridge._step.run.route import Route
+from hfbridge._step.run.sampler import Sampler, extract_logits
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 
 from hfbridge._generate.banned_loop import BannedLoop
 from hfbridge._generate.modes import Strategy
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.run.sampler import Sampler
 
 __all__ = ["Call"]
 

@@ -48,9 +48,9 @@ from hfbridge._generate.strategies import STRATEGIES
 from hfbridge._models.adapters import ModelAdapter, Recompute
 from hfbridge._models.choose import as_adapter
 from hfbridge._models.hf_model import HFModel
-from hfbridge._step.caller_inputs import extract_logits
-from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
-from hfbridge._step.option_checks import check_flag
+from hfbridge._step.checks.caller_inputs import extract_logits
+from hfbridge._step.checks.option_checks import check_flag
+from hfbridge._step.plan.community_options import OPTIONS as COMMUNITY_OPTIONS
 
 __all__ = ["replay"]
 

@@ -16,7 +16,7 @@ nothing, and goes through the `Sampler`'s own `reset` / `reorder` / `rollback`, 
 processor (inside per-row groups too, with each group's own rows).
 
 >>> import torch
->>> from hfbridge._step.sampler import Sampler
+>>> from hfbridge._step.run.sampler import Sampler
 >>> stateful = Stateful(Sampler(do_sample=True, mirostat=2))
 >>> bool(stateful), bool(Stateful(Sampler(do_sample=True, top_k=5)))
 (True, False)
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.run.sampler import Sampler
 
 __all__ = ["Stateful"]
 

@@ -1,7 +1,7 @@
 """Classifier-free guidance in `generate`: the unconditional sequence, run through the model's adapter.
 
 HF's `UnbatchedClassifierFreeGuidanceLogitsProcessor` (built where HF builds it, with HF's arithmetic:
-`hfbridge._step.guidance_processor`) asks for the unconditional logits once per step. `UnconditionalBranch`
+`hfbridge._step.plan.guidance_processor`) asks for the unconditional logits once per step. `UnconditionalBranch`
 answers the way HF's processor does with an HF model:
 
 - first call: the sequence is `negative_prompt_ids` (mask `negative_prompt_attention_mask`, default

@@ -17,9 +17,9 @@ import torch
 from hfbridge._generate.output import padding_flags as _padding_flags
 from hfbridge._generate.output import read_output, score_rows, stacked_rows
 from hfbridge._generate.output import token_ids as _token_ids
-from hfbridge._step.option_checks import check_tokenizer
-from hfbridge._step.padded_vocab import check_drawn_ids
-from hfbridge._step.phase_options import thinking_steps
+from hfbridge._step.checks.option_checks import check_tokenizer
+from hfbridge._step.plan.padded_vocab import check_drawn_ids
+from hfbridge._step.plan.phase_options import thinking_steps
 from hfbridge._views import trace_html as _trace_html
 from hfbridge._views import trace_view as _trace_view
 from hfbridge._views.generation_record import Alternative, GenerationRecord, TokenStep

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from hfbridge._step.guidance_processor import step_guidance
-from hfbridge._step.layout import from_rows
-from hfbridge._step.option_checks import check_tokenizer
-from hfbridge._step.option_docs import fill_options
-from hfbridge._step.phase_options import PHASE_NAMES
-from hfbridge._step.processor_repr import processor_name as _processor_name
-from hfbridge._step.processor_repr import processor_params as _processor_params
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.checks.option_checks import check_tokenizer
+from hfbridge._step.plan.guidance_processor import step_guidance
+from hfbridge._step.plan.option_docs import fill_options
+from hfbridge._step.plan.phase_options import PHASE_NAMES
+from hfbridge._step.plan.processor_repr import processor_name as _processor_name
+from hfbridge._step.plan.processor_repr import processor_params as _processor_params
+from hfbridge._step.run.layout import from_rows
+from hfbridge._step.run.sampler import Sampler
 from hfbridge._views.html import page
 from hfbridge._views.step_html import step_html
 from hfbridge._views.step_plot import plot_step

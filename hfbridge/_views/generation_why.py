@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from hfbridge._step.option_table import ROWS
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.plan.option_table import ROWS
+from hfbridge._step.run.sampler import Sampler
 
 __all__ = ["parting_reasons"]
 

@@ -4,14 +4,14 @@ A trait is a class attribute, declared in the class's own body:
 
 - `keeps_ids_intact` (default: absent, False): `__call__` reads `input_ids` without writing them, keeping a
   reference to them or handing them to user code, so the step may pass the caller's ids without a private copy
-  (`hfbridge._step.caller_inputs.keeps_ids_intact`).
+  (`hfbridge._step.checks.caller_inputs.keeps_ids_intact`).
 - `sampler_name` (default: absent, None): llama.cpp's name for the sampler whose work it does (`sampler_order`'s
   names: `"dry"`, `"xtc"`, ...), so `sampler_order` moves it; without one it keeps its place whatever the order.
 
 Both are read from the class's own `__dict__` (`own_trait`), never inherited: a subclass that overrides
 `__call__` may modify or keep the ids, or be another sampler, so it declares its traits again (or has
 none). HF's own classes cannot carry them: their facts sit in the registry rows of the options that build
-them (`hfbridge._step.option_table`, `hfbridge._step.hf_option_rows`).
+them (`hfbridge._step.plan.option_table`, `hfbridge._step.plan.hf_option_rows`).
 
 >>> from hfbridge.processors import XTCLogitsWarper
 >>> own_trait(XTCLogitsWarper, "sampler_name"), own_trait(XTCLogitsWarper, "keeps_ids_intact")

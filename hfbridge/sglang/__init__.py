@@ -5,7 +5,7 @@ One public name, `HFBridgeLogitProcessor`, an SGLang custom logit processor: sta
 with the options as `custom_params` (`{"dry_multiplier": 0.8, "top_n_sigma": 1.0}`).
 
 Modules: `processor` (SGLang's interface; the only one that imports SGLang, on first use of the name),
-`_options` (a request's options and their checks: `hfbridge._step.engine_requests`, shared with vLLM),
+`_options` (a request's options and their checks: `hfbridge._step.plan.engine_requests`, shared with vLLM),
 `_rows` (one call: rows grouped by options, the state kept per request id). Imports: `_step`,
 `processors`, SGLang. `import hfbridge` never imports this package.
 

@@ -1,7 +1,7 @@
 """An SGLang request's hfbridge options: the keys of its `custom_params`, checked, keyed.
 
 The options are hfbridge's and HF's own names, as vLLM requests give them (the names, their checks, the
-description of a request and its `Sampler` are shared: `hfbridge._step.engine_requests`); what differs is
+description of a request and its `Sampler` are shared: `hfbridge._step.plan.engine_requests`); what differs is
 where they live and what SGLang does around the processor: SGLang divides the processed scores by its
 `temperature` and applies its own top-k, top-p, min-p and penalties afterwards, so a request with
 hfbridge options leaves those at their defaults (greedy: `temperature=0`, which SGLang turns into
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hfbridge._step.engine_requests import Engine, RequestOptions, build_sampler, check_options, refuse_fields
+from hfbridge._step.plan.engine_requests import Engine, RequestOptions, build_sampler, check_options, refuse_fields
 
 __all__ = ["RequestOptions", "build_sampler", "check_params", "options_of"]
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from hfbridge._step.option_checks import check_token_ids_in_vocab
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
+from hfbridge._step.run.sampler import Sampler
 from hfbridge.sglang._options import RequestOptions, build_sampler, check_params
 
 __all__ = ["Requests"]

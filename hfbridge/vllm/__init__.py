@@ -10,7 +10,7 @@ other runner's class gives an error that names the right one.
 
 Modules: `processor` and `processor_v2` (vLLM's two interfaces; the only modules that import vLLM,
 on first use of a name), `_options` (where a request's options live and vLLM's own fields; the names and checks are
-`_step/engine_requests`, shared with SGLang), `_requests` (the
+`_step/plan/engine_requests`, shared with SGLang), `_requests` (the
 requests of one processor and one step over their rows, shared by both runners), `_batch` (the V1
 runner's persistent batch) with `_history` (a request's tokens there), `_slots` (Model Runner V2's
 request slots, whose tokens vLLM keeps). Imports: `_step`, `processors`, vLLM. `import hfbridge`

@@ -2,7 +2,7 @@
 
 The options are hfbridge's and HF's own names (`repetition_penalty`, `dry_multiplier`, `top_p`, ...).
 The names, their checks, the description of a request and its `Sampler` are every engine's
-(`hfbridge._step.engine_requests`, shared with SGLang); what is vLLM's is where the options live,
+(`hfbridge._step.plan.engine_requests`, shared with SGLang); what is vLLM's is where the options live,
 vLLM's own sampling fields, and the options vLLM does not take. `check_request` runs every check
 that can run before the request does (in vLLM's front end, which sees only the `SamplingParams`):
 the names, the values (hfbridge's own checks, by building the `Sampler` the options describe), one
@@ -31,7 +31,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from hfbridge._step.engine_requests import (
+from hfbridge._step.plan.engine_requests import (
     EOS_OPTIONS,
     LENGTH_OPTIONS,
     Engine,

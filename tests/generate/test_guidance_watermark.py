@@ -32,7 +32,7 @@ from hfbridge import (
     generate,
     sample_step,
 )
-from hfbridge._step.processor_repr import processor_label
+from hfbridge._step.plan.processor_repr import processor_label
 
 from _tiny_models import (
     InputPosHF,

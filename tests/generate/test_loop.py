@@ -24,10 +24,10 @@ from transformers import (
 
 import hfbridge._generate.finished
 import hfbridge._generate.lockstep
-import hfbridge._step.cpu_shortcuts
+import hfbridge._step.run.cpu_shortcuts
 from hfbridge import InputPos, ReturnsCache, generate
-from hfbridge._step.cpu_shortcuts import accelerator_route, greedy_choice
 from hfbridge._step.fast.fast_path import fast_draw
+from hfbridge._step.run.cpu_shortcuts import accelerator_route, greedy_choice
 
 from _tiny_models import char_tokenizer
 
@@ -67,7 +67,7 @@ class Successor:
 def reads_per_step(model_factory, prompt, **options) -> float:
     """Host reads of one decode step on the route an accelerator runs (each read there is a sync):
     the difference between two lengths, so that the per-call reads (argument checks, the prompt's
-    id range) cancel. (On CPU eager, `_step/cpu_shortcuts.py`'s shortcuts read CPU memory besides.)"""
+    id range) cancel. (On CPU eager, `_step/run/cpu_shortcuts.py`'s shortcuts read CPU memory besides.)"""
     counts = []
     for new in (6, 14):
         with HostReads() as reads, accelerator_route():
@@ -409,7 +409,7 @@ def test_synced_gpus_two_gloo_ranks():
     assert got[0][3][1] == got[1][3][1] >= 6
 
 
-@pytest.mark.parametrize("module", [hfbridge._generate.finished, hfbridge._generate.lockstep, hfbridge._step.cpu_shortcuts],
+@pytest.mark.parametrize("module", [hfbridge._generate.finished, hfbridge._generate.lockstep, hfbridge._step.run.cpu_shortcuts],
                          ids=lambda module: module.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

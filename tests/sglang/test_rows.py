@@ -33,7 +33,7 @@ def test_tokens_equal_hfbridge_generate(model, do_sample):
 
 
 def test_equal_options_share_one_call(model, monkeypatch):
-    from hfbridge._step.sampler import Sampler
+    from hfbridge._step.run.sampler import Sampler
 
     calls = []
     original = Sampler.process

@@ -7,8 +7,8 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
 from hfbridge import Sampler, build_processors
-from hfbridge._step import processor_repr as _display
-from hfbridge._step.processor_repr import processor_label, processor_list_html, processor_list_repr
+from hfbridge._step.plan import processor_repr as _display
+from hfbridge._step.plan.processor_repr import processor_label, processor_list_html, processor_list_repr
 
 
 def test_each_processor_with_its_settings():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hfbridge import accelerator_route
-from hfbridge._step.exact_draw import _draw, _some_draw_zero, draw_one, softmax
+from hfbridge._step.run.exact_draw import _draw, _some_draw_zero, draw_one, softmax
 
 
 def assert_same_draw(probs, seed, **options):
@@ -111,7 +111,7 @@ def test_probabilities_that_carry_a_graph():
 
 @pytest.mark.parametrize("vocab", [300, 700, 2500])
 def test_large_batches_draw_in_turns_of_whole_rows(monkeypatch, vocab):
-    import hfbridge._step.exact_draw as exact_draw
+    import hfbridge._step.run.exact_draw as exact_draw
 
     monkeypatch.setattr(exact_draw, "_CHUNK", 1000)  # 3, 1 and 1 rows at a time
     monkeypatch.setattr(exact_draw, "_local", type(exact_draw._local)())  # fresh buffers of that size

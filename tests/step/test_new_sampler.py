@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, TemperatureLogitsWarper
 
 from hfbridge import Sampler, explain_step, generate, sample_step
-from hfbridge._step.option_table import OptionRow, register, unregister
+from hfbridge._step.plan.option_table import OptionRow, register, unregister
 from hfbridge.processors._rows import RowParam
 
 from _tiny_models import tiny_gpt2

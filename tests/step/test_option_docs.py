@@ -8,8 +8,8 @@ import re
 import pytest
 
 import hfbridge
-from hfbridge._step.option_docs import MARKER, fill_options, option_lines
-from hfbridge._step.option_table import ROWS, OptionRow, register, unregister
+from hfbridge._step.plan.option_docs import MARKER, fill_options, option_lines
+from hfbridge._step.plan.option_table import ROWS, OptionRow, register, unregister
 from hfbridge.processors import TopNSigmaLogitsWarper
 
 PUBLIC = [hfbridge.sample_step, hfbridge.Sampler, hfbridge.generate, hfbridge.explain_step]

@@ -12,7 +12,7 @@ import torch
 from transformers import GenerationConfig
 
 from hfbridge import Sampler, generate, sample_step
-from hfbridge._step.option_table import ROWS, switches_of
+from hfbridge._step.plan.option_table import ROWS, switches_of
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -214,7 +214,7 @@ def test_per_row_values_add_no_host_read(fast):
     in exact mode: one read for their validity besides torch.multinomial's own)."""
     from _host_reads import HostReads
 
-    from hfbridge._step.cpu_shortcuts import accelerator_route
+    from hfbridge._step.run.cpu_shortcuts import accelerator_route
 
     x, ids = _logits(6), torch.zeros(6, 3, dtype=torch.long)
     counts = {}

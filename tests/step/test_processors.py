@@ -244,7 +244,7 @@ def test_max_new_tokens_alone_gives_no_length_warning(caplog):
 
 
 def test_sampler_from_prepared_config_equals_sampler():
-    from hfbridge._step.build_processors import make_generation_config
+    from hfbridge._step.plan.build_processors import make_generation_config
 
     config = make_generation_config(temperature=0.5, top_p=0.8, repetition_penalty=1.1)
     before = config.to_dict()

@@ -301,7 +301,7 @@ def test_layout_error_quotes_layout_and_shape():
 
 
 def test_sample_step_reuses_its_processors_across_calls():
-    from hfbridge._step import sample_step as _sample_step
+    from hfbridge._step.run import sample_step as _sample_step
 
     logits, ids = logits_3d(0), context(0)
     sample_step(logits, ids, temperature=0.9, top_p=0.8, bad_words_ids=[[1], [2, 3]])

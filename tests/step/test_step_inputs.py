@@ -10,11 +10,11 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler, build_processors
-from hfbridge._step import caller_inputs as _step_inputs
-from hfbridge._step.cpu_shortcuts import accelerator_route, ids_outside
+from hfbridge._step.checks import caller_inputs as _step_inputs
 from hfbridge._step.fast.fast_path import fast_draw
-from hfbridge._step.layout import Layout
-from hfbridge._step.processor_list import CheckedProcessorList
+from hfbridge._step.run.cpu_shortcuts import accelerator_route, ids_outside
+from hfbridge._step.run.layout import Layout
+from hfbridge._step.run.processor_list import CheckedProcessorList
 
 V = 50
 

@@ -5,7 +5,7 @@ import torch
 from tokenizers import Tokenizer, models
 
 from hfbridge import Sampler, explain_step, sample_step
-from hfbridge._step.padded_vocab import check_drawn_ids, tokenizer_size
+from hfbridge._step.plan.padded_vocab import check_drawn_ids, tokenizer_size
 
 from _tiny_models import char_tokenizer
 

@@ -10,7 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from hfbridge import Sampler, sample_step
-from hfbridge._step.build_processors import make_generation_config
+from hfbridge._step.plan.build_processors import make_generation_config
 
 INF = float("inf")
 PLUS_INF = "`logits` contain +inf in row 1 (1 of 2 rows) while sampling"

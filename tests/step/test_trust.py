@@ -7,7 +7,7 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
 from hfbridge import build_processors, generate, sample_step
-from hfbridge._step.processor_list import CheckedProcessorList, check_processor_output
+from hfbridge._step.run.processor_list import CheckedProcessorList, check_processor_output
 
 INF, NAN = float("inf"), float("nan")
 
@@ -156,7 +156,7 @@ def test_sampler_cache_is_thread_safe_and_bounded(monkeypatch):
     import sys
     import threading
 
-    from hfbridge._step import sample_step as _sample_step
+    from hfbridge._step.run import sample_step as _sample_step
 
     size = 4
     monkeypatch.setattr(_sample_step, "_SAMPLER_CACHE_SIZE", size)

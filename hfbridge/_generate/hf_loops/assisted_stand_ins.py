@@ -46,11 +46,11 @@ from hfbridge._hf.outputs import decoder_output, model_output
 from hfbridge._hf.stand_in import AssistantStandIn, fresh_config
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.callables import AdapterTypeError, checked_state
-from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
-from hfbridge._step.layout import Layout
-from hfbridge._step.sampler import Sampler, extract_logits
-from hfbridge._step.stateful_members import stateful_members
-from hfbridge._step.step_errors import add_note, at_step
+from hfbridge._step.checks.step_errors import add_note, at_step
+from hfbridge._step.plan.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.run.layout import Layout
+from hfbridge._step.run.sampler import Sampler, extract_logits
+from hfbridge._step.run.stateful_members import stateful_members
 
 
 class Rollback(CacheBase):

@@ -25,7 +25,7 @@ from hfbridge._hf.loops import run_beam_search
 from hfbridge._hf.outputs import with_cache
 from hfbridge._hf.stand_in import special_token
 from hfbridge._models.adapters import ModelAdapter
-from hfbridge._step.option_checks import check_strategy_options
+from hfbridge._step.checks.option_checks import check_strategy_options
 
 
 def check_beam(adapter: ModelAdapter, config: GenerationConfig, options: Any, **ignored: Any) -> None:

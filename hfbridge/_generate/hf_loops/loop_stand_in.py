@@ -38,10 +38,10 @@ from hfbridge._hf.outputs import model_output
 from hfbridge._hf.stand_in import ProcessorHost, fresh_config
 from hfbridge._models.adapters import ModelAdapter
 from hfbridge._models.callables import AdapterTypeError, checked_state
-from hfbridge._step.layout import Layout
-from hfbridge._step.processor_list import BadProcessorOutput
-from hfbridge._step.sampler import Sampler, extract_logits
-from hfbridge._step.step_errors import add_note, at_step
+from hfbridge._step.checks.step_errors import add_note, at_step
+from hfbridge._step.run.layout import Layout
+from hfbridge._step.run.processor_list import BadProcessorOutput
+from hfbridge._step.run.sampler import Sampler, extract_logits
 
 
 class AdapterCache:

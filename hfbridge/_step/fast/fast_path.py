@@ -57,7 +57,7 @@ decide whether the candidates suffice and which rows draw again. On other device
 `torch.Generator` argument). Compiled, top-p takes a fixed 512 candidates and draws among them;
 `torch.cond` runs the radix select only when a row's cut is not among them (`top_p/compiled.py`);
 eager on an accelerator the radix select runs alone, as `torch.cond` would read its flag on the host.
-`with accelerator_route():` (`_step/cpu_shortcuts.py`) runs that eager accelerator route on CPU too.
+`with accelerator_route():` (`_step/run/cpu_shortcuts.py`) runs that eager accelerator route on CPU too.
 
 Rows that cannot be sampled. A row whose final scores hold NaN or `+inf`, or nothing above `-inf`,
 has no distribution; HF's `torch.multinomial` fails on it. The fused kernels give such a row an
@@ -89,7 +89,6 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from hfbridge._step.cpu_shortcuts import cpu_shortcuts
 from hfbridge._step.fast.candidates import top_candidates
 from hfbridge._step.fast.min_p_candidates import min_p_among
 from hfbridge._step.fast.one_row import divided, one_row_top_k
@@ -98,7 +97,8 @@ from hfbridge._step.fast.state import FastState
 from hfbridge._step.fast.top_p.mask import top_p_mask
 from hfbridge._step.fast.top_p.route_table import top_p_plan
 from hfbridge._step.fast.weighted_draw import draw
-from hfbridge._step.processor_list import check_processor_output
+from hfbridge._step.run.cpu_shortcuts import cpu_shortcuts
+from hfbridge._step.run.processor_list import check_processor_output
 from hfbridge.processors import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors._cpu_side import owned_scores
 

@@ -104,7 +104,7 @@ def test_a_temperature_that_overflows_a_score_warns_nothing(recwarn):
 
 def test_the_one_row_route_takes_a_per_row_temperature_and_top_p():
     """A merged per-row group of one row holds `(1, 1)` tensors (`tensor_temperature`, `tensor_top_p`)."""
-    from hfbridge._step.per_row import tensor_temperature, tensor_top_p
+    from hfbridge._step.plan.per_row import tensor_temperature, tensor_top_p
 
     x = zipf(1, 32000, seed=3)
     ours = LogitsProcessorList([tensor_temperature(torch.tensor([[0.7]])), hf.TopKLogitsWarper(40),

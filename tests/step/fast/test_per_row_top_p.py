@@ -10,7 +10,6 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as hf
 
 from hfbridge import Sampler
-from hfbridge._step.cpu_shortcuts import accelerator_route
 from hfbridge._step.fast.candidates import top_p_count
 from hfbridge._step.fast.fast_path import fast_draw, fast_scores
 from hfbridge._step.fast.top_p.compiled import fixed_top_p, top_p_keep
@@ -18,7 +17,8 @@ from hfbridge._step.fast.top_p.device_sort import sorted_top_p_keep
 from hfbridge._step.fast.top_p.floor_candidates import _descending, candidates_above
 from hfbridge._step.fast.top_p.mask import float32, removal_cut, rounds_at_most, top_p_mask
 from hfbridge._step.fast.top_p.sorted_mask import top_p_mask_sorted
-from hfbridge._step.per_row import tensor_temperature, tensor_top_p
+from hfbridge._step.plan.per_row import tensor_temperature, tensor_top_p
+from hfbridge._step.run.cpu_shortcuts import accelerator_route
 
 NEG_INF = float("-inf")
 KINDS = ("flat", "zipf", "ties", "neginf")

@@ -14,11 +14,11 @@ writes it or draws from it. The routes, in the order they are tried:
 | device sort | eager, no `candidates`: an accelerator, `accelerator_route()` (`device_sort.py`) | `Mask` |
 
 `top_p` is one value for the batch, or one per row: a `(rows, 1)` float64 tensor (a `Sampler`'s
-per-row groups, `_step/per_row.py`'s `tensor_top_p`); every route takes either, so a batch of rows
+per-row groups, `_step/plan/per_row.py`'s `tensor_top_p`); every route takes either, so a batch of rows
 with distinct top-p values is one draw.
 
 `candidates` (read flags on the host) is on for CPU eager outside `accelerator_route()`
-(`hfbridge._step.cpu_shortcuts.cpu_shortcuts`). Every route keeps HF's tokens; they differ in cost and in
+(`hfbridge._step.run.cpu_shortcuts.cpu_shortcuts`). Every route keeps HF's tokens; they differ in cost and in
 whether they read a value on the host.
 
 >>> import torch

@@ -27,7 +27,7 @@ the options turn on but the order leaves out (llama.cpp would silently drop it; 
 transformers turns `top_k=50` on by default when sampling), `adaptive_p` anywhere but last, and an
 order with `mirostat` (llama.cpp ignores the order then).
 
->>> from hfbridge._step.option_table import order_members
+>>> from hfbridge._step.plan.option_table import order_members
 >>> parse_order("top_k;temperature;min-p", order_members())
 ('top_k', 'temperature', 'min_p')
 >>> parse_order(["top_k", "top-k"], order_members())
@@ -56,7 +56,7 @@ Members = Mapping[str, Sequence[tuple[str, str]]]
 def groups(members: Members) -> dict[str, tuple[str, ...]]:
     """llama.cpp's name -> the class names of the processors that do its work here.
 
-    >>> from hfbridge._step.option_table import order_members
+    >>> from hfbridge._step.plan.option_table import order_members
     >>> groups(order_members())["temperature"], groups(order_members())["xtc"]
     (('TemperatureLogitsWarper', 'DynamicTemperatureLogitsWarper'), ('XTCLogitsWarper',))
     """
@@ -119,7 +119,7 @@ def apply_order(processors: list[Any], order: Any, members: Members) -> list[Any
 
     >>> from transformers import TemperatureLogitsWarper, TopKLogitsWarper
     >>> chain = [TemperatureLogitsWarper(0.5), TopKLogitsWarper(3)]
-    >>> from hfbridge._step.option_table import order_members
+    >>> from hfbridge._step.plan.option_table import order_members
     >>> [type(p).__name__ for p in apply_order(chain, "top_k;temperature", order_members())]
     ['TopKLogitsWarper', 'TemperatureLogitsWarper']
     """

@@ -26,12 +26,12 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hfbridge._step import community_options
-from hfbridge._step.build_processors import step_option_names
-from hfbridge._step.hf_option_rows import needing
-from hfbridge._step.option_checks import did_you_mean
-from hfbridge._step.option_table import hf_sampling_options, sampling_options
-from hfbridge._step.sampler import Sampler
+from hfbridge._step.checks.option_checks import did_you_mean
+from hfbridge._step.plan import community_options
+from hfbridge._step.plan.build_processors import step_option_names
+from hfbridge._step.plan.hf_option_rows import needing
+from hfbridge._step.plan.option_table import hf_sampling_options, sampling_options
+from hfbridge._step.run.sampler import Sampler
 
 __all__ = ["EOS_OPTIONS", "LENGTH_OPTIONS", "LIST_OPTIONS", "Engine", "RequestOptions", "accepted_names",
            "build_sampler", "check_options", "describe", "refuse_fields"]

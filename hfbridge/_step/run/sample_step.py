@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._step.guidance_processor import refuse_synthid_step, step_guidance
-from hfbridge._step.layout import Layout, LayoutLike
-from hfbridge._step.option_docs import fill_options
-from hfbridge._step.sampler import Sampler, extract_logits
+from hfbridge._step.plan.guidance_processor import refuse_synthid_step, step_guidance
+from hfbridge._step.plan.option_docs import fill_options
+from hfbridge._step.run.layout import Layout, LayoutLike
+from hfbridge._step.run.sampler import Sampler, extract_logits
 
 __all__ = ["sample_step"]
 
@@ -89,7 +89,7 @@ def sample_step(
     if prefix_allowed_tokens_fn is not None:
         options["prefix_allowed_tokens_fn"] = prefix_allowed_tokens_fn
     refuse_synthid_step(generation_kwargs, generation_config)  # SynthID keeps state between steps: a Sampler's job
-    options.update(step_guidance(unconditional_logits))  # guidance_scale's logits (`_step/guidance_processor.py`)
+    options.update(step_guidance(unconditional_logits))  # guidance_scale's logits (`_step/plan/guidance_processor.py`)
     if tokenizer is not None:
         options["tokenizer"] = tokenizer
     # XTC draws from the generator: a cached Sampler's processors hold none, so build one for it

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
-from hfbridge._step.caller_inputs import extract_logits
-from hfbridge._step.watermark import is_synthid
+from hfbridge._step.checks.caller_inputs import extract_logits
+from hfbridge._step.plan.watermark import is_synthid
 
 __all__ = ["ClassifierFreeGuidance", "checked_unconditional", "last_position", "refuse_synthid_step",
            "refuse_without_unconditional", "step_guidance", "with_unconditional"]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import PrefixConstrainedLogitsProcessor as _HFPrefixConstrained
 
-from hfbridge._step.processor_list import ProcessorOutputTypeError, ProcessorOutputValueError
+from hfbridge._step.run.processor_list import ProcessorOutputTypeError, ProcessorOutputValueError
 
 __all__ = ["PrefixConstrainedLogitsProcessor", "checked_prefix_processor"]
 

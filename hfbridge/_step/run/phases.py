@@ -19,7 +19,7 @@ by unit in the order of their first rows, and in each unit the answering rows fi
 ones.
 
 >>> import torch
->>> from hfbridge._step.sampler import Sampler
+>>> from hfbridge._step.run.sampler import Sampler
 >>> sampler = Sampler(thinking_options={"temperature": 0.7}, thinking_start=[7], thinking_end=[8])
 >>> sampler.phased, [phase.do_sample for phase in sampler._phases.units[0].samplers]
 (True, [False, True])
@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._step.option_table import per_row_options
-from hfbridge._step.per_row import PerRowValues
-from hfbridge._step.phase_options import PHASE_NAMES, split_options, thinking_config, thinking_tag
-from hfbridge._step.route import Route
-from hfbridge._step.sampler_state import StepResult, invalid_flags
+from hfbridge._step.plan.option_table import per_row_options
+from hfbridge._step.plan.per_row import PerRowValues
+from hfbridge._step.plan.phase_options import PHASE_NAMES, split_options, thinking_config, thinking_tag
+from hfbridge._step.run.route import Route
+from hfbridge._step.run.sampler_state import StepResult, invalid_flags
 from hfbridge.processors.thinking_budget import span_open
 
 __all__ = ["PHASE_NAMES", "Phases", "phases_of"]

@@ -2,10 +2,10 @@
 
 `prepare` runs both: `last_rows` (extract, layout, vocabulary trim: a view of the caller's logits)
 and `input_rows` (the context ids, checked against those rows); `rows` makes the float32 copy the
-processors work on. `Sampler` (`_step/sampler.py`) inherits them and adds the processors and the draw.
+processors work on. `Sampler` (`_step/run/sampler.py`) inherits them and adds the processors and the draw.
 
 >>> import torch
->>> from hfbridge._step.sampler import Sampler
+>>> from hfbridge._step.run.sampler import Sampler
 >>> view, ids, batch = Sampler(vocab_size=2).prepare(torch.zeros(1, 4, 3), torch.tensor([[0, 1, 1, 0]]))
 >>> tuple(view.shape), tuple(ids.shape), batch
 ((1, 2), (1, 4), (1,))
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._step.caller_inputs import check_not_meta, extract_logits
-from hfbridge._step.cpu_shortcuts import ids_outside
-from hfbridge._step.layout import Layout, LayoutLike, rows_of
+from hfbridge._step.checks.caller_inputs import check_not_meta, extract_logits
+from hfbridge._step.run.cpu_shortcuts import ids_outside
+from hfbridge._step.run.layout import Layout, LayoutLike, rows_of
 
 
 class StepInputs:
@@ -29,7 +29,7 @@ class StepInputs:
     layout: Layout | LayoutLike
     _layouts: dict[tuple[str | None, int], Layout]
     vocab_size: int | None
-    _tokenizer_vocab: int | None  # the tokenizer's size when `vocab_size` is None (`_step/padded_vocab.py`)
+    _tokenizer_vocab: int | None  # the tokenizer's size when `vocab_size` is None (`_step/plan/padded_vocab.py`)
     generation_config: GenerationConfig
     _vocab_checked: int | None
     _device: torch.device

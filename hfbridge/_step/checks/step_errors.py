@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hfbridge._step.processor_list import BadProcessorOutput
+from hfbridge._step.run.processor_list import BadProcessorOutput
 
 __all__ = ["add_note", "at_step", "processors_stage"]
 

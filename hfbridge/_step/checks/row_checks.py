@@ -14,7 +14,7 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
-from hfbridge._step.value_checks import check_number, got, is_int
+from hfbridge._step.checks.value_checks import check_number, got, is_int
 from hfbridge.processors._dry_breakers import compile_breakers
 from hfbridge.processors._rows import RowParam, described, plain
 

@@ -70,7 +70,7 @@ def _hf_intact_types() -> frozenset[type]:
     not `PrefixConstrainedLogitsProcessor`: it calls the user's function with the ids)."""
     from transformers.generation import logits_process
 
-    from hfbridge._step.hf_option_rows import intact_processors
+    from hfbridge._step.plan.hf_option_rows import intact_processors
 
     found = [getattr(logits_process, name, None) for name in intact_processors()]
     return frozenset(kind for kind in found if isinstance(kind, type))

@@ -1,10 +1,10 @@
 """The last stage of a `Sampler` step: the draw (HF's softmax and multinomial; the argmax is `greedy_choice`, which
-`Sampler.step` runs on the route `_step/route.py` decides), and the
+`Sampler.step` runs on the route `_step/run/route.py` decides), and the
 rows left with nothing to choose explained with exact mode's error (at once in exact mode; the fast path's
-flag read by `check_rows`). `Sampler` (`_step/sampler.py`) inherits it.
+flag read by `check_rows`). `Sampler` (`_step/run/sampler.py`) inherits it.
 
 >>> import torch
->>> from hfbridge._step.sampler import Sampler
+>>> from hfbridge._step.run.sampler import Sampler
 >>> Sampler(do_sample=True, top_k=1).choose(torch.tensor([[0.0, 2.0, float("-inf")]])).tolist()
 [1]
 """
@@ -17,11 +17,11 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge._step.exact_draw import draw_one, softmax
+from hfbridge._step.checks.row_errors import invalid_rows_error
 from hfbridge._step.fast.fast_path import fast_draw
-from hfbridge._step.per_row_draw import choose_rows, fast_rows
-from hfbridge._step.processor_list import CheckedProcessorList, processor_name
-from hfbridge._step.row_errors import invalid_rows_error
+from hfbridge._step.run.exact_draw import draw_one, softmax
+from hfbridge._step.run.per_row_draw import choose_rows, fast_rows
+from hfbridge._step.run.processor_list import CheckedProcessorList, processor_name
 
 
 class StepChoice:
@@ -113,7 +113,7 @@ class StepChoice:
     def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
         """Explain rows left with nothing to choose: NaN or +inf (sampling), or over-eager processors."""
         names = [processor_name(p) for p in self._processors]
-        numbers = getattr(self, "row_numbers", None)  # a phase's rows of a larger batch (`_step/phases.py`)
+        numbers = getattr(self, "row_numbers", None)  # a phase's rows of a larger batch (`_step/run/phases.py`)
         if numbers is not None:  # the error names the batch's rows: the others are spread in as valid zeros
             total, index = numbers
             bad, raw = _spread(bad, index, total), _spread(raw, index, total)

@@ -17,20 +17,20 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._hf.stand_in import ProcessorHost, generation_option_names, prepare_lengths
-from hfbridge._step import community_options
-from hfbridge._step.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
-from hfbridge._step.hf_option_rows import HF_OPTION_ROWS
-from hfbridge._step.option_checks import (
+from hfbridge._step.checks.option_checks import (
     check_config_options,
     check_flag,
     check_option_values,
     did_you_mean,
     warn_without_effect,
 )
-from hfbridge._step.option_table import ROWS, hf_sampling_options, plain_options
-from hfbridge._step.prefix_fn import with_checked_prefix
-from hfbridge._step.processor_list import CheckedProcessorList
-from hfbridge._step.watermark import deferred
+from hfbridge._step.plan import community_options
+from hfbridge._step.plan.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
+from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS
+from hfbridge._step.plan.option_table import ROWS, hf_sampling_options, plain_options
+from hfbridge._step.plan.prefix_fn import with_checked_prefix
+from hfbridge._step.plan.watermark import deferred
+from hfbridge._step.run.processor_list import CheckedProcessorList
 
 # Options whose processor depends on how long the prompt was (the registry's rows say).
 _NEEDS_PROMPT_LENGTH = tuple(name for name, row in HF_OPTION_ROWS.items() if "prompt_length" in row.needs)
@@ -303,7 +303,7 @@ def processors_for_config(
     as a `CheckedProcessorList` (each processor's output is checked when the list is called).
 
     Sets the config's private special-token tensors (`_eos_token_tensor`, ...) as `generate` does.
-    `unconditional(input_ids) -> logits` feeds `guidance_scale` (see `hfbridge._step.guidance_processor`), `rows`
+    `unconditional(input_ids) -> logits` feeds `guidance_scale` (see `hfbridge._step.plan.guidance_processor`), `rows`
     turns its output into `(rows, vocab)` logits (default: the last position of `(batch, seq, vocab)`).
     """
     device = torch.device(device) if device is not None else torch.device("cpu")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import textwrap
 
-from hfbridge._step.option_table import ROWS, OptionRow
+from hfbridge._step.plan.option_table import ROWS, OptionRow
 
 __all__ = ["MARKER", "fill_options", "option_lines"]
 

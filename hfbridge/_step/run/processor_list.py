@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge._step.processor_repr import processor_list_html, processor_list_repr
+from hfbridge._step.plan.processor_repr import processor_list_html, processor_list_repr
 
 __all__ = ["BadProcessorOutput", "CheckedProcessorList", "check_processor_output", "processor_name"]
 

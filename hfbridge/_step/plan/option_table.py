@@ -32,8 +32,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from hfbridge._step import sampler_order
-from hfbridge._step.row_checks import check_breakers, check_message, check_mirostat, check_tag, check_temperature
+from hfbridge._step.checks.row_checks import check_breakers, check_message, check_mirostat, check_tag, check_temperature
+from hfbridge._step.plan import sampler_order
 from hfbridge.processors import (
     AdaptivePLogitsWarper,
     DRYLogitsProcessor,
@@ -231,7 +231,7 @@ _ROWS = [
           place="first"),
     _ours("thinking_budget_message", ThinkingBudgetLogitsProcessor, "message_ids", None, per_row=False,
           check=check_message, place="first"),
-    # the order of llama.cpp's samplers in the chain (`_step/sampler_order.py`; greedy or sampling): no processor
+    # the order of llama.cpp's samplers in the chain (`_step/plan/sampler_order.py`; greedy or sampling): no processor
     OptionRow("sampler_order", None, per_row=False, check=lambda name, value: _check_order(value), place="order"),
 ]
 

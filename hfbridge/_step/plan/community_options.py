@@ -1,6 +1,6 @@
 """The samplers of `hfbridge.processors` as generation options: built and placed from the option registry.
 
-Their rows live in `_step/option_table.py` (`ROWS`): each option's default (llama.cpp's `common/common.h`), its
+Their rows live in `_step/plan/option_table.py` (`ROWS`): each option's default (llama.cpp's `common/common.h`), its
 check (errors name the option), the processor it configures and its place. The options travel on
 the prepared `GenerationConfig` as extra attributes (HF keeps unknown attributes), so a
 `GenerationConfig(dry_multiplier=0.8)` works like the keyword. `add_processors` builds the
@@ -18,7 +18,7 @@ processors and puts them in the chain order, by each row's `place`:
 5. "first": `ThinkingBudgetLogitsProcessor` (`thinking_budget`) first (after HF's guidance, if any), as
    llama.cpp adds its reasoning budget first: the token it forces stays the only one left;
 6. `sampler_order` (llama.cpp's `--samplers`), last: the named samplers trade places
-   (`_step/sampler_order.py`).
+   (`_step/plan/sampler_order.py`).
 
 The warpers (2-4) apply when sampling, as HF's; passing one of their options turns sampling on, except an option
 that only tunes a processor no option switches on (`xtc_threshold` without `xtc_probability`): that one does
@@ -40,10 +40,10 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from hfbridge._step import sampler_order
-from hfbridge._step.hf_option_rows import chain_processors
-from hfbridge._step.option_checks import check_option_values
-from hfbridge._step.option_table import ROWS, OptionRow, community_rows, order_members
+from hfbridge._step.checks.option_checks import check_option_values
+from hfbridge._step.plan import sampler_order
+from hfbridge._step.plan.hf_option_rows import chain_processors
+from hfbridge._step.plan.option_table import ROWS, OptionRow, community_rows, order_members
 
 __all__ = ["OPTIONS", "add_processors", "carry_options", "check_community", "split_options", "warper_options"]
 

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hfbridge._step.build_processors import _check_values as check_values
-from hfbridge._step.option_table import ROWS, per_row_options, plain_options, sampling_options, sampling_processors
+from hfbridge._step.plan.build_processors import _check_values as check_values
+from hfbridge._step.plan.option_table import ROWS, per_row_options, plain_options, sampling_options, sampling_processors
 from hfbridge.processors._rows import RowParam, rows_mismatch
 from hfbridge.processors._stateful import is_stateful
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, SynthIDTextWatermarkingConfig, WatermarkingConfig
 
-from hfbridge._step.value_checks import check_flag, check_number, got, is_int
+from hfbridge._step.checks.value_checks import check_flag, check_number, got, is_int
 
 __all__ = ["VocabularyWatermark", "check_watermarking_config", "deferred", "is_synthid"]
 

@@ -1,5 +1,5 @@
 """`thinking_options` checked, and what the phases need around it: the tags, each phase's config, the phases of a
-finished sequence (`_step/phases.py` runs them).
+finished sequence (`_step/run/phases.py` runs them).
 
 >>> import torch
 >>> phases = check_thinking_options({"temperature": 0.7, "top_k": 3})
@@ -19,11 +19,11 @@ from typing import Any
 from transformers import GenerationConfig
 
 from hfbridge._hf.stand_in import generation_option_names
-from hfbridge._step.build_processors import step_option_names
-from hfbridge._step.community_options import OPTIONS as COMMUNITY_OPTIONS
-from hfbridge._step.hf_option_rows import HF_OPTION_ROWS
-from hfbridge._step.option_checks import did_you_mean
-from hfbridge._step.per_row import PerRowValues, split_per_row
+from hfbridge._step.checks.option_checks import did_you_mean
+from hfbridge._step.plan.build_processors import step_option_names
+from hfbridge._step.plan.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS
+from hfbridge._step.plan.per_row import PerRowValues, split_per_row
 from hfbridge.processors.thinking_budget import tag_ids
 
 __all__ = ["PHASE_NAMES", "check_thinking_options", "expand_thinking_options", "split_options", "thinking_config",

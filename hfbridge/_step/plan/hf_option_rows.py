@@ -30,9 +30,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from hfbridge._step.option_table import ROWS
-from hfbridge._step.row_checks import check_count, check_early_stopping, check_real, check_schedule
-from hfbridge._step.value_checks import check_flag
+from hfbridge._step.checks.row_checks import check_count, check_early_stopping, check_real, check_schedule
+from hfbridge._step.checks.value_checks import check_flag
+from hfbridge._step.plan.option_table import ROWS
 
 __all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "needing", "options_of_kind",
            "token_id_options"]
@@ -53,7 +53,7 @@ class HFOptionRow:
             them), "tail" (hfbridge's last samplers go before them), None.
         token_ids: Its value holds token ids (checked against the vocabulary at the first step).
         step: The step reads it (`sample_step` accepts it): it becomes a processor or decides one's parameters in
-            HF's `_get_logits_processor` (or `_step/watermark.py`, `_step/guidance_processor.py`).
+            HF's `_get_logits_processor` (or `_step/plan/watermark.py`, `_step/plan/guidance_processor.py`).
         needs: What its processor needs besides: "prompt_length" (it depends on how long the prompt was),
             "prompt_end" (in an engine's request it counts the tokens from where the prompt ends), "eos" (the
             end-of-sequence ids: a request's stop tokens unless `eos_token_id` is given).

@@ -3,7 +3,7 @@
 The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 `rows` (extract, layout, vocab trim, float32 copy) -> `input_rows` (validate the context) ->
 `process` (HF's `LogitsProcessorList`) -> `choose` (argmax, or softmax + `torch.multinomial`).
-`sample_step` (`_step/sample_step.py`) is the same in one call.
+`sample_step` (`_step/run/sample_step.py`) is the same in one call.
 """
 
 from __future__ import annotations
@@ -15,24 +15,29 @@ from typing import Any, cast
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from hfbridge._step.build_processors import make_generation_config, processors_for_config
-from hfbridge._step.caller_inputs import extract_logits, keeps_ids_intact
-from hfbridge._step.cpu_shortcuts import greedy_choice
-from hfbridge._step.guidance_processor import checked_unconditional
-from hfbridge._step.layout import Layout, LayoutLike, from_rows
-from hfbridge._step.option_checks import TOKEN_ID_OPTIONS, check_flag, check_token_ids_in_vocab, per_row_from_config
-from hfbridge._step.option_docs import fill_options
-from hfbridge._step.padded_vocab import tokenizer_size
-from hfbridge._step.per_row import PerRowValues, split_per_row
-from hfbridge._step.per_row_draw import Generators, RowState, check_generators
-from hfbridge._step.phase_options import check_thinking_options
-from hfbridge._step.phases import Phases, phases_of
-from hfbridge._step.processor_list import CheckedProcessorList
-from hfbridge._step.route import Route, decide_route
-from hfbridge._step.sampler_choice import StepChoice
-from hfbridge._step.sampler_rows import StepInputs
-from hfbridge._step.sampler_state import SamplerState, StepResult, first_warper
-from hfbridge._step.step_errors import at_step, processors_stage
+from hfbridge._step.checks.caller_inputs import extract_logits, keeps_ids_intact
+from hfbridge._step.checks.option_checks import (
+    TOKEN_ID_OPTIONS,
+    check_flag,
+    check_token_ids_in_vocab,
+    per_row_from_config,
+)
+from hfbridge._step.checks.step_errors import at_step, processors_stage
+from hfbridge._step.plan.build_processors import make_generation_config, processors_for_config
+from hfbridge._step.plan.guidance_processor import checked_unconditional
+from hfbridge._step.plan.option_docs import fill_options
+from hfbridge._step.plan.padded_vocab import tokenizer_size
+from hfbridge._step.plan.per_row import PerRowValues, split_per_row
+from hfbridge._step.plan.phase_options import check_thinking_options
+from hfbridge._step.run.cpu_shortcuts import greedy_choice
+from hfbridge._step.run.layout import Layout, LayoutLike, from_rows
+from hfbridge._step.run.per_row_draw import Generators, RowState, check_generators
+from hfbridge._step.run.phases import Phases, phases_of
+from hfbridge._step.run.processor_list import CheckedProcessorList
+from hfbridge._step.run.route import Route, decide_route
+from hfbridge._step.run.sampler_choice import StepChoice
+from hfbridge._step.run.sampler_rows import StepInputs
+from hfbridge._step.run.sampler_state import SamplerState, StepResult, first_warper
 from hfbridge.processors._cpu_side import owned_scores
 
 
@@ -156,7 +161,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self._layouts: dict[tuple[str | None, int], Layout] = {}  # parsed layouts by (pattern, number of axes)
         self._known_call: tuple | None = None  # `prepare`'s last checked call
         self.vocab_size = vocab_size
-        # No `vocab_size`: the columns past the tokenizer's ids are padding (`_step/padded_vocab.py`)
+        # No `vocab_size`: the columns past the tokenizer's ids are padding (`_step/plan/padded_vocab.py`)
         self._tokenizer_vocab = tokenizer_size(tokenizer) if vocab_size is None and vocab_from_tokenizer else None
         self.prompt_length = prompt_length
         self.fast = bool(fast)
@@ -168,7 +173,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self.do_sample = bool(config.do_sample)
         self._user_processors = processors
         self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
-        # guidance_scale's logits (`_step/guidance_processor.py`)
+        # guidance_scale's logits (`_step/plan/guidance_processor.py`)
         self._unconditional = checked_unconditional(unconditional)
         self._attention_mask = attention_mask
         self._tokenizer = tokenizer  # DRY's string breakers
@@ -181,7 +186,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
         self._batch_rows = 1  # the rows of the last step (`rollback` with one length for every row)
-        self._phases: Phases | None = None  # `thinking_options`: a sampler per phase (`_step/phases.py`)
+        self._phases: Phases | None = None  # `thinking_options`: a sampler per phase (`_step/run/phases.py`)
         if thinking_options is not None:
             if prepare_phase is None:
                 raise ValueError("`thinking_options` needs `prepare_phase` (how the call's options are prepared).")
@@ -275,7 +280,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
                 that could not be sampled (`check_rows`). Default None: at once on CPU (free);
                 on an accelerator, not here: call `check_rows()` where you read the device anyway.
         """
-        if self._phases is not None:  # each row's phase, its own sampler (`_step/phases.py`)
+        if self._phases is not None:  # each row's phase, its own sampler (`_step/run/phases.py`)
             self._checked_processors(rows)
             return self._phases.next_tokens(input_ids, rows, check)
         result = self.step(input_ids, rows, defer=False)
@@ -305,7 +310,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         ([1], None)
         """
         processors = self._checked_processors(rows)
-        if self._phases is not None:  # each row's phase, its own sampler's step (`_step/phases.py`)
+        if self._phases is not None:  # each row's phase, its own sampler's step (`_step/run/phases.py`)
             phases = self._phases
             return at_step(at, lambda: phases.step(input_ids, rows))
         if route is None:

@@ -8,7 +8,7 @@ step once with each processor's output recorded and returns the step's own token
 `explain_step` shows).
 
 >>> import torch
->>> from hfbridge._step.sampler import Sampler
+>>> from hfbridge._step.run.sampler import Sampler
 >>> sampler = Sampler(mirostat=2, mirostat_tau=1.0)
 >>> tokens = sampler(torch.tensor([[0.0, 3.0, 1.0]]), torch.tensor([[0]]))
 >>> sampler.is_stateful, sampler.processors[-1].mu.tolist()
@@ -24,10 +24,10 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge._step.cpu_shortcuts import greedy_choice
-from hfbridge._step.option_table import sampling_processors
-from hfbridge._step.processor_list import check_processor_output
-from hfbridge._step.route import Route
+from hfbridge._step.plan.option_table import sampling_processors
+from hfbridge._step.run.cpu_shortcuts import greedy_choice
+from hfbridge._step.run.processor_list import check_processor_output
+from hfbridge._step.run.route import Route
 from hfbridge.processors._stateful import is_stateful
 
 __all__ = ["SamplerState", "StepResult", "first_warper", "invalid_flags"]
@@ -64,7 +64,7 @@ class SamplerState:
     _processors: Any
     _rows: Any
     _plan: Any
-    _phases: Any  # `_step/phases.Phases` with `thinking_options`, else None
+    _phases: Any  # `_step/run/phases.Phases` with `thinking_options`, else None
     _batch_rows: int
     _head_length: int
     _fast_valid: Any
@@ -176,7 +176,7 @@ class SamplerState:
         draw the fast path hands back their recorded outputs instead of running them again.
         `explain_step` is this, shown.
 
-        >>> from hfbridge._step.sampler import Sampler
+        >>> from hfbridge._step.run.sampler import Sampler
         >>> trace, tokens = Sampler(top_k=1, do_sample=True).explain(None, torch.tensor([[0.0, 3.0, 1.0]]))
         >>> [type(p).__name__ for p, _ in trace], tokens.tolist()
         (['TopKLogitsWarper'], [1])

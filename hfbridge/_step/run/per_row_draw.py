@@ -24,8 +24,8 @@ from typing import Any, cast
 import torch
 from transformers import LogitsProcessorList
 
-from hfbridge._step.cpu_shortcuts import greedy_choice
-from hfbridge._step.per_row import PerRowProcessor, PerRowValues, RowPlan
+from hfbridge._step.plan.per_row import PerRowProcessor, PerRowValues, RowPlan
+from hfbridge._step.run.cpu_shortcuts import greedy_choice
 from hfbridge.processors._stateful import is_stateful
 
 __all__ = ["Generators", "GroupedDraw", "RowState", "Unit", "check_generators", "choose_rows", "fast_rows"]

@@ -30,12 +30,12 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from hfbridge._step.hf_option_rows import HF_OPTION_ROWS, options_of_kind
-from hfbridge._step.hf_option_rows import token_id_options as token_id_options_of_rows
-from hfbridge._step.option_table import ROWS, per_row_options, setting, without_effect
-from hfbridge._step.row_checks import check_count
-from hfbridge._step.value_checks import check_flag, check_number, got, is_int
-from hfbridge._step.watermark import check_watermarking_config
+from hfbridge._step.checks.row_checks import check_count
+from hfbridge._step.checks.value_checks import check_flag, check_number, got, is_int
+from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS, options_of_kind
+from hfbridge._step.plan.hf_option_rows import token_id_options as token_id_options_of_rows
+from hfbridge._step.plan.option_table import ROWS, per_row_options, setting, without_effect
+from hfbridge._step.plan.watermark import check_watermarking_config
 from hfbridge.processors._rows import plain
 
 __all__ = ["CHECKED_OPTIONS", "TOKEN_ID_OPTIONS", "check_config_options", "check_flag", "check_number",
