@@ -97,9 +97,9 @@ class ProcessorHost(GenerationMixin):
         """HF's `_get_logits_processor`, called the way `generate` calls it for a decoder-only model."""
         model_kwargs = {"attention_mask": attention_mask} if attention_mask is not None else {}
         with warnings.catch_warnings():
-            if prompt_length is None:
-                # HF reads a missing length as "generating from inputs_embeds" and warns about it; a
-                # single step without prompt_length is not that, and no processor built here uses it.
+            if not prompt_length:
+                # HF reads a missing (or zero) length as "generating from inputs_embeds" and warns about it;
+                # a step without prompt_length (or an engine's check of a request) is not that.
                 warnings.filterwarnings("ignore", message=r"Passing `\w+` with `inputs_embeds`")
             return self._as_mixin()._get_logits_processor(
                 generation_config,

@@ -41,3 +41,16 @@ def test_a_sampler_option_in_a_config_without_do_sample_is_greedy_like_the_other
     assert make_generation_config(GenerationConfig(top_k=4)).do_sample is False
     assert make_generation_config(GenerationConfig(do_sample=True, **option)).do_sample is True
     assert make_generation_config(**option).do_sample is True
+
+
+@pytest.mark.parametrize("prompt_length", [None, 0])
+def test_no_inputs_embeds_warning_for_a_step_without_a_prompt(prompt_length):
+    # HF's builder warns "Passing `repetition_penalty` with `inputs_embeds`" for a missing or zero length; a step
+    # (or an engine's check of a request, which builds with prompt_length=0) is not generating from embeddings
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler = Sampler(repetition_penalty=1.3, no_repeat_ngram_size=2, prompt_length=prompt_length)
+    assert [type(p).__name__ for p in sampler.processors] == [
+        "RepetitionPenaltyLogitsProcessor", "NoRepeatNGramLogitsProcessor"]
