@@ -217,7 +217,8 @@ def top_p_candidates(scores: torch.Tensor, probs: torch.Tensor, top_p: TopP, at_
         found = candidates_above(scores, floor)
         if found is not None:
             cand, ids = found  # [N, K], rows padded with -inf
-            picked = probs.gather(1, ids).masked_fill_(cand == _NEG_INF, 0.0)  # [N, K]
+            # the padding's probabilities 0 (a multiply by the mask's bytes: probabilities are finite or NaN)
+            picked = probs.gather(1, ids).mul_((cand != _NEG_INF).view(torch.uint8))  # [N, K]
             total = certified_total(probs) if total is None else total
             kept = _count_with_total(probs, picked, total, top_p, at_least)
             # A padded row holds its cut only if no padding is kept: `decided` compares with -inf.

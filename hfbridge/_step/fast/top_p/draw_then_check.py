@@ -142,7 +142,7 @@ def draw_top_p(scores: torch.Tensor, probs: torch.Tensor, tried: TopPTry | None,
     if tried is not None and decided is not None and bool(decided.any()):
         # Rows whose candidates hold the cut draw among their kept candidates, as a proved try draws;
         # only the others draw from the whole softmax and check their token.
-        weights = (tried.cand - tried.cand[:, :1]).exp_().masked_fill_(~tried.keep(), 0.0)  # [N, K]
+        weights = (tried.cand - tried.cand[:, :1]).exp_().mul_(tried.keep().view(torch.uint8))  # [N, K] as Candidates
         tokens = tried.ids.gather(1, pick(weights, generator)[0][:, None]).squeeze(1)  # [N]
         rows = rows[~decided]
         if rows.numel() == 0:

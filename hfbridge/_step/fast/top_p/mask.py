@@ -99,14 +99,29 @@ def removed(running: torch.Tensor, cut: float | torch.Tensor, inclusive: bool | 
     values, one for every row or `(rows, 1)`. NaN: False."""
     if isinstance(inclusive, bool):
         return running <= cut if inclusive else running < cut
-    return torch.where(inclusive, running <= cut, running < cut)
+    return running <= _inclusive_cut(cut, inclusive)  # [N, 1] cuts: one comparison, not three passes
 
 
 def survives(running: torch.Tensor, cut: float | torch.Tensor, inclusive: bool | torch.Tensor) -> torch.Tensor:
     """Where a float64 running sum rounds to a float32 `> 1 - top_p` (HF keeps the token). NaN: False."""
     if isinstance(inclusive, bool):
         return running > cut if inclusive else running >= cut
-    return torch.where(inclusive, running > cut, running >= cut)
+    return running > _inclusive_cut(cut, inclusive)  # [N, 1] cuts: one comparison, not three passes
+
+
+def _inclusive_cut(cut: float | torch.Tensor, inclusive: torch.Tensor) -> torch.Tensor:
+    """`(rows, 1)` float64 cuts that make every row's test inclusive: for a float64 `r`, `r < cut` iff
+    `r <= nextafter(cut, -inf)` (no float64 lies between them), so a row compared with `<` takes the
+    float64 just below its cut. One comparison over the running sums then serves every row (a
+    `torch.where` of two comparisons costs three passes over them).
+
+    >>> cut = torch.tensor([[0.5], [0.5]], dtype=torch.float64)
+    >>> running = torch.tensor([[0.5, 0.75], [0.5, 0.75]], dtype=torch.float64)
+    >>> (running > _inclusive_cut(cut, torch.tensor([[True], [False]]))).tolist()
+    [[False, True], [True, True]]
+    """
+    cut = torch.as_tensor(cut, dtype=torch.float64, device=inclusive.device)
+    return torch.where(inclusive, cut, torch.nextafter(cut, torch.full_like(cut, -math.inf)))  # [N, 1]
 
 
 def top_p_rows(top_p: TopP, rows: torch.Tensor | slice) -> TopP:
