@@ -27,7 +27,7 @@ from hfbridge._step.option_checks import (
     did_you_mean,
     warn_without_effect,
 )
-from hfbridge._step.option_table import ROWS, hf_sampling_options, plain_options
+from hfbridge._step.option_table import ROWS, hf_sampling_options, phase_tags, plain_options
 from hfbridge._step.prefix_fn import with_checked_prefix
 from hfbridge._step.processor_list import CheckedProcessorList
 from hfbridge._step.watermark import deferred
@@ -128,7 +128,7 @@ def make_generation_config(
     # a tuning option whose processor no option switches on does nothing: said, and it does not turn sampling on
     given = {**options, **community}
     if phased:  # the tags mark the phases of `thinking_options`: in use without a budget
-        given = {name: value for name, value in given.items() if name not in ("thinking_start", "thinking_end")}
+        given = {name: value for name, value in given.items() if name not in phase_tags()}
     idle = warn_without_effect(given, configs)
     if generation_config is not None:  # the config's own, with the keywords' switches
         carried = {name: getattr(generation_config, name, None) for name in community_options.OPTIONS

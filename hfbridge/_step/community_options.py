@@ -44,6 +44,7 @@ from hfbridge._step import sampler_order
 from hfbridge._step.hf_option_rows import chain_processors
 from hfbridge._step.option_checks import check_option_values
 from hfbridge._step.option_table import ROWS, OptionRow, community_rows, order_members
+from hfbridge.processors._traits import own_trait
 
 __all__ = ["OPTIONS", "add_processors", "carry_options", "check_community", "split_options", "warper_options"]
 
@@ -150,31 +151,37 @@ def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = N
         if kind.__name__ == "PresenceFrequencyPenaltyLogitsProcessor":
             _penalty_arguments(config, v, arguments, prompt_length)
         if kind.__name__ == "ThinkingBudgetLogitsProcessor":
-            built[kind] = _named(_thinking_budget(kind, arguments, tokenizer), rows)
+            built[kind] = _named(_thinking_budget(kind, arguments, tokenizer, rows), rows)
             continue
         built[kind] = _named(kind(**arguments), rows)
-    kinds = {kind.__name__ for kind in built}
-    if "AdaptivePLogitsWarper" in kinds and kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}:
-        raise ValueError("`mirostat` and `adaptive_target` both choose the final token from a distribution of "
-                         "their own (llama.cpp runs one or the other): pass one of them.")
-    mirostat = kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}
-    if getattr(config, "sampler_order", None) is not None and mirostat:
-        raise ValueError("`sampler_order` orders llama.cpp's sampler chain, which `mirostat` replaces (llama.cpp "
-                         "ignores the order then): pass one of them.")
+    _check_pickers(built, config)
     return built
 
 
-_THINKING_NAMES = {"`budget": "`thinking_budget", "`start_ids": "`thinking_start", "`end_ids": "`thinking_end",
-                   "`message_ids": "`thinking_budget_message"}
+def _check_pickers(built: Mapping[type, Any], config: GenerationConfig) -> None:
+    """The classes' traits (`processors/_traits.py`): one sampler that picks the final token, and none that replaces
+    llama.cpp's chain with `sampler_order`; errors name each one's switch."""
+    pickers = [kind for kind in built if own_trait(kind, "picks_token")]
+    replacing = [kind for kind in built if own_trait(kind, "replaces_chain")]
+    if len(pickers) < 2 and (not replacing or getattr(config, "sampler_order", None) is None):
+        return
+    classes = _classes()
+    switch = {kind: next((row.name for row in classes[kind] if row.switch), classes[kind][0].name)
+              for kind in (*pickers, *replacing)}
+    if len(pickers) > 1:
+        raise ValueError(f"`{switch[pickers[0]]}` and `{switch[pickers[1]]}` both choose the final token from a "
+                         "distribution of their own (llama.cpp runs one or the other): pass one of them.")
+    raise ValueError(f"`sampler_order` orders llama.cpp's sampler chain, which `{switch[replacing[0]]}` replaces "
+                     "(llama.cpp ignores the order then): pass one of them.")
 
 
-def _thinking_budget(kind: type, arguments: dict[str, Any], tokenizer: Any) -> Any:
+def _thinking_budget(kind: type, arguments: dict[str, Any], tokenizer: Any, rows: list[OptionRow]) -> Any:
     try:
         return kind(**arguments)
     except (TypeError, ValueError) as error:
         text = str(error)
-        for old, new in _THINKING_NAMES.items():
-            text = text.replace(old, new)
+        for row in rows:  # the constructor's argument names -> the options (`budget` -> `thinking_budget`)
+            text = text.replace(f"`{row.argument}", f"`{row.name}")
         if tokenizer is None and "tokenizer=" in text:
             text = text.rstrip(".") + " (the default tags are the strings '<think>' and '</think>')."
         raise type(error)(text) from None
