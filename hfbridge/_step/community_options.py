@@ -72,11 +72,9 @@ def check_community(options: Mapping[str, Any], *, where: str = "") -> None:
     check_option_values({name: value for name, value in options.items() if name in OPTIONS}, where=where)
 
 
-def carry_options(config: GenerationConfig, options: Mapping[str, Any], user_config: GenerationConfig | None) -> None:
-    """Check the options (keywords and the user's config's extra attributes) and set them on `config`."""
-    if user_config is not None:
-        check_community({name: getattr(user_config, name, None) for name in OPTIONS}, where="in `generation_config`")
-    check_community(options)
+def carry_options(config: GenerationConfig, options: Mapping[str, Any]) -> None:
+    """Set the options (checked: `build_processors.make_generation_config`) on `config`, the extra attributes HF
+    keeps."""
     for name, value in options.items():
         if value is not None:
             setattr(config, name, value)
