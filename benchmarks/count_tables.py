@@ -45,8 +45,8 @@ def _literal_names(value: ast.expr) -> list[str]:
         elements = [key for key in value.keys if key is not None]
     else:
         return []
-    return [element.value for element in elements
-            if isinstance(element, ast.Constant) and isinstance(element.value, str) and _IDENTIFIER.match(element.value)]
+    return [element.value for element in elements if isinstance(element, ast.Constant)
+            and isinstance(element.value, str) and _IDENTIFIER.match(element.value)]
 
 
 def module_level_tables(folder: Path) -> list[tuple[str, int, str, list[str]]]:

@@ -4,7 +4,8 @@
 random `LlamaForCausalLM` (built from a config, seed 0) with a character tokenizer built with the `tokenizers`
 library (nothing downloaded). The call runs once untraced (imports, caches), then once with `sys.setprofile`
 recording every Python call and return of a function defined in the measured tree's `hfbridge/` while
-`hfbridge._generate.call.prepare` runs (`--cold`: trace the first call instead).
+`hfbridge._generate.call.prepare` runs (`--cold`: trace the first call instead; `--whole`: trace all of
+`generate`'s `_generate`, the strategy's run and its four steps included).
 
 Definitions (functions of other packages are invisible: a call from hfbridge into transformers that calls back
 into hfbridge is a call from the first hfbridge function to the second):
@@ -30,6 +31,7 @@ into hfbridge is a call from the first hfbridge function to the second):
     python benchmarks/prepare_walk.py                       # this checkout
     python benchmarks/prepare_walk.py --root /tmp/base      # another tree's hfbridge (a worktree of a commit)
     python benchmarks/prepare_walk.py --walk                # and the walk, stay by stay
+    python benchmarks/prepare_walk.py --whole               # the whole call, not only `prepare`
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import itertools
 import sys
 import warnings
 from pathlib import Path
@@ -71,7 +74,7 @@ def char_tokenizer() -> Any:
 class Walk:
     """The hfbridge calls made while `prepare` runs (see the module for the definitions)."""
 
-    def __init__(self, package: Path, prepare_code: Any):
+    def __init__(self, package: Path, prepare_code: Any):  # prepare's code, or any function's to trace
         self.package = str(package) + "/"
         self.prepare_code = prepare_code
         self.files: list[str] = []  # the walk: the file of each call
@@ -162,6 +165,7 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help="the tree whose hfbridge/ is measured")
     parser.add_argument("--cold", action="store_true", help="trace the first call (imports and caches included)")
     parser.add_argument("--walk", action="store_true", help="print the walk, one stay per line")
+    parser.add_argument("--whole", action="store_true", help="trace generate's _generate instead of prepare")
     args = parser.parse_args()
     root = args.root.resolve()
     sys.path.insert(0, str(root))
@@ -170,6 +174,7 @@ def main() -> None:
     import hfbridge
     from hfbridge import generate
     from hfbridge._generate import call as call_module
+    from hfbridge._generate import generate as generate_module
 
     assert Path(hfbridge.__file__).resolve().parent == root / "hfbridge", hfbridge.__file__
     torch.set_num_threads(1)
@@ -184,7 +189,8 @@ def main() -> None:
 
     if not args.cold:
         run()
-    walk = Walk(root / "hfbridge", call_module.prepare.__code__)
+    traced = generate_module._generate if args.whole else call_module.prepare
+    walk = Walk(root / "hfbridge", traced.__code__)
     sys.setprofile(walk.profile)
     try:
         run()
@@ -194,9 +200,10 @@ def main() -> None:
     per_file = collections.Counter(stays)
     below = imports_below(root / "hfbridge")
     up = [(caller, callee) for caller, callee in walk.calls if caller in below.get(callee, ())]
-    zigzags = [(a, b) for a, b in zip(stays, stays[1:]) if a in below.get(b, ())]
+    zigzags = [(a, b) for a, b in itertools.pairwise(stays) if a in below.get(b, ())]
     print(f"tree: {root}")
-    print(f"prepare walk: {len(stays)} stays in {len(per_file)} files ({len(stays) - len(per_file)} re-entries), "
+    what = "generate" if args.whole else "prepare"
+    print(f"{what} walk: {len(stays)} stays in {len(per_file)} files ({len(stays) - len(per_file)} re-entries), "
           f"{len(zigzags)} zigzags, {len(walk.climbs)} climbs back up the stack, {len(up)} climbs up the imports "
           f"({len(walk.files)} calls, {len(walk.calls)} between files)")
     print("stays per file: " + ", ".join(f"{name} {count}" for name, count in per_file.most_common()))
