@@ -14,7 +14,8 @@ processors and puts them in the chain order, by each row's `place`:
 3. "after_truncation": `XTCLogitsWarper` after HF's truncation warpers (top-k, top-p, min-p, typical, epsilon,
    eta, top-h);
 4. "last": `MirostatLogitsWarper` (`mirostat=2`) or `MirostatV1LogitsWarper` (`mirostat=1`) last (before
-   HF's watermarks and `LogitNormalization`, if any), or `AdaptivePLogitsWarper` (`adaptive_target >= 0`);
+   HF's watermarks and `LogitNormalization`, if any), or `AdaptivePLogitsWarper` (`adaptive_target >= 0`): one
+   of them, as each chooses the final token itself (their trait `picks_token`);
 5. "first": `ThinkingBudgetLogitsProcessor` (`thinking_budget`) first (after HF's guidance, if any), as
    llama.cpp adds its reasoning budget first: the token it forces stays the only one left;
 6. `sampler_order` (llama.cpp's `--samplers`), last: the named samplers trade places
