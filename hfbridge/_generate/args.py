@@ -148,6 +148,10 @@ def _check_streamer(streamer: Any) -> None:
 _UNSUPPORTED = {name: (row.selects or bool, row.refused) for name, row in HF_OPTION_ROWS.items() if row.refused}
 
 
+# Options that ask for the model's internals, which generate() does not see (the registry's rows: `internals`).
+_INTERNALS = tuple(name for name, row in HF_OPTION_ROWS.items() if row.internals)
+
+
 def check_config(config: GenerationConfig, tokenizer: Any) -> None:
     """The prepared config's options that need more than a value check (the strategy: `modes.strategy_of`)."""
     check_tokenizer(tokenizer)  # a name ("gpt2") instead of the tokenizer: said here, not as an AttributeError
@@ -197,7 +201,7 @@ def checked_arguments(adapter: ModelAdapter, input_ids: Any, *, attention_mask: 
         except TypeError as error:
             raise TypeError(f"{error}{_did_you_mean(name)}") from None
     _check_lengths(options, generation_config)
-    for name in ("output_attentions", "output_hidden_states"):
+    for name in _INTERNALS:
         if options.get(name, getattr(generation_config, name, False)):
             raise ValueError(
                 f"`{name}=True` needs the model's internals, which generate() does not see; collect them in your "

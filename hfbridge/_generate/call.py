@@ -1,15 +1,16 @@
 """One `generate` call's preparation: the arguments checked, HF's config, criteria and processors built.
 
 `prepare` runs steps 1-4 of `generate` (see `hfbridge._generate.generate`) and returns a `Call`;
-`decode` runs step 5, the one-token loop. The hosts of HF's own loops (`hf_loops/`) use them too,
+`loop.decode` runs step 5, the one-token loop. The hosts of HF's own loops (`hf_loops/`) use them too,
 which is why they live below the public `generate` module.
 
 >>> import torch
+>>> from hfbridge._generate.loop import LoopOptions, decode
 >>> from hfbridge._generate.options import GenerateOptions
 >>> from hfbridge._models.choose import as_adapter
 >>> adapter = as_adapter(lambda ids: torch.nn.functional.one_hot(ids % 3, 3).float())
 >>> call = prepare(adapter, torch.tensor([[0, 1]]), GenerateOptions(kwargs={"max_new_tokens": 2}))
->>> decode(adapter, call, streamer=None, bar=None)
+>>> decode(adapter, call, None, None, LoopOptions())
 >>> call.sequences.tolist()
 [[0, 1, 1, 1]]
 """
@@ -31,8 +32,7 @@ from hfbridge._generate.args import (
     has_default_max_length,
 )
 from hfbridge._generate.banned_loop import BannedLoop, check_adapter, make_bans, split_banned
-from hfbridge._generate.loop import LoopOptions, pads_finished
-from hfbridge._generate.loop import decode as loop_decode
+from hfbridge._generate.loop import pads_finished
 from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.prepared import Call
@@ -81,7 +81,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                           set_by_call=[*config_options, *(per_row.values if per_row is not None else ())])
     config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
                                     accepted=generation_option_names(), caller="generate", host=host,
-                                    phased=thinking is not None, **config_options)
+                                    phased=thinking is not None, checked=True, **config_options)
     check_config(config, tokenizer)
     # The mode, decided once: its row of the strategy table checks what it cannot honour.
     mode, strategy = strategy_of(strategies if strategies is not None else ONE_TOKEN_LOOP, config, assistant_model)
@@ -184,11 +184,6 @@ def check_phases(mode: str, strategy: str, config: GenerationConfig, fast: Any) 
     if fast is True and config.return_dict_in_generate and config.output_scores:
         raise ValueError("generate(): `output_scores=True` with `fast=True` and `thinking_options`: the fast path "
                          "keeps no processed scores; pass fast=False.")
-
-
-def decode(adapter: ModelAdapter, call: Call, streamer: Any, bar: Any, loop: LoopOptions | None = None) -> None:
-    """Step 5, the loop of HF's `_sample` (`_generate/loop.py`), in place on `call`."""
-    loop_decode(adapter, call, streamer, bar, loop or LoopOptions())
 
 
 def _criteria_list(stopping_criteria: Iterable[Callable] | None) -> StoppingCriteriaList:

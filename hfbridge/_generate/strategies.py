@@ -29,10 +29,10 @@ from typing import Any
 
 from transformers import GenerationConfig
 
-from hfbridge._generate.call import decode, progress_bar
+from hfbridge._generate.call import progress_bar
 from hfbridge._generate.hf_loops.assisted import check_assisted, generate_assisted
 from hfbridge._generate.hf_loops.beam import beam_search, check_beam
-from hfbridge._generate.loop import LoopOptions
+from hfbridge._generate.loop import LoopOptions, decode
 from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.prepared import Call

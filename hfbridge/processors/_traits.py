@@ -7,8 +7,12 @@ A trait is a class attribute, declared in the class's own body:
   (`hfbridge._step.checks.caller_inputs.keeps_ids_intact`).
 - `sampler_name` (default: absent, None): llama.cpp's name for the sampler whose work it does (`sampler_order`'s
   names: `"dry"`, `"xtc"`, ...), so `sampler_order` moves it; without one it keeps its place whatever the order.
+- `picks_token` (default: absent, False): it chooses the final token from a distribution of its own (llama.cpp's
+  mirostat and adaptive-p), so a chain holds at most one such sampler (`hfbridge._step.plan.community_options.build`).
+- `replaces_chain` (default: absent, False): llama.cpp runs it instead of its sampler chain (mirostat), so
+  `sampler_order` cannot apply with it.
 
-Both are read from the class's own `__dict__` (`own_trait`), never inherited: a subclass that overrides
+They are read from the class's own `__dict__` (`own_trait`), never inherited: a subclass that overrides
 `__call__` may modify or keep the ids, or be another sampler, so it declares its traits again (or has
 none). HF's own classes cannot carry them: their facts sit in the registry rows of the options that build
 them (`hfbridge._step.plan.option_table`, `hfbridge._step.plan.hf_option_rows`).
@@ -28,7 +32,7 @@ from typing import Any
 
 __all__ = ["TRAITS", "own_trait"]
 
-TRAITS = ("keeps_ids_intact", "sampler_name")
+TRAITS = ("keeps_ids_intact", "sampler_name", "picks_token", "replaces_chain")
 
 
 def own_trait(kind: type, name: str) -> Any:

@@ -61,6 +61,7 @@ class AdaptivePLogitsWarper(LogitsProcessor):
     """
 
     sampler_name = "adaptive_p"  # traits (`hfbridge.processors._traits`): llama.cpp's name
+    picks_token = True  # it chooses the final token from a distribution of its own
 
     def __init__(self, target: Any = -1.0, decay: Any = 0.9):
         self.target = RowParam("target", target, maximum=1.0)

@@ -62,6 +62,11 @@ class MirostatLogitsWarper(LogitsProcessor):
         mu: `(rows,)` the current state after the last call (None before the first).
     """
 
+    # traits (`hfbridge.processors._traits`): it chooses the final token from a distribution of its own, and
+    # llama.cpp runs it instead of its sampler chain
+    picks_token = True
+    replaces_chain = True
+
     def __init__(self, tau: Any = 5.0, eta: Any = 0.1):
         self.tau = RowParam("tau", tau, above=0.0)
         self.eta = RowParam("eta", eta, above=0.0)

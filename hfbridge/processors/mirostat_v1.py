@@ -67,6 +67,11 @@ class MirostatV1LogitsWarper(LogitsProcessor):
         k: `(rows,)` the number of tokens the last call kept, before ties (None before the first).
     """
 
+    # traits (`hfbridge.processors._traits`): it chooses the final token from a distribution of its own, and
+    # llama.cpp runs it instead of its sampler chain
+    picks_token = True
+    replaces_chain = True
+
     def __init__(self, tau: Any = 5.0, eta: Any = 0.1, m: Any = 100):
         self.tau = RowParam("tau", tau, above=0.0)
         self.eta = RowParam("eta", eta, above=0.0)

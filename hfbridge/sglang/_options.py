@@ -31,18 +31,11 @@ __all__ = ["RequestOptions", "build_sampler", "check_params", "options_of"]
 
 _TOP_K_ALL = 1 << 30  # SGLang's "no top-k" (`sampling_params.TOP_K_ALL`)
 
-_REFUSED = {
-    "do_sample": "SGLang's `temperature` decides: 0 is greedy, 1 samples from hfbridge's scores",
-    "max_new_tokens": "SGLang's `max_new_tokens` ends the request",
-    "max_length": "SGLang's `max_new_tokens` ends the request",
-    "forced_eos_token_id": "it needs HF's `max_length`; SGLang's `max_new_tokens` ends the request",
-    "forced_bos_token_id": "it applies at the first position of encoder-decoder outputs only",
-    "guidance_scale": "classifier-free guidance needs a second model call per step, which SGLang does not make",
-    "watermarking_config": "watermarking is not offered inside SGLang",
-}
-
-_SGLANG = Engine(name="SGLang", where="`custom_params`", refused=_REFUSED,
-                 greedy_fix="set SGLang's `temperature` to 1.0 to sample from hfbridge's scores")
+# The options a request may not carry, and why: the registry's (`hf_option_rows`: `request_refused`), worded with
+# SGLang's fields.
+_SGLANG = Engine(name="SGLang", where="`custom_params`", refused={},
+                 greedy_fix="set SGLang's `temperature` to 1.0 to sample from hfbridge's scores",
+                 temperature="SGLang's `temperature`", max_tokens="SGLang's `max_new_tokens`")
 
 # SGLang's own sampling fields, their "off" test, and where the same thing lives in hfbridge's options.
 _SGLANG_FIELDS: dict[str, tuple[Any, str]] = {

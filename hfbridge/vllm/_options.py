@@ -47,19 +47,13 @@ __all__ = ["EOS_OPTIONS", "KEY", "LENGTH_OPTIONS", "RequestOptions", "accepted_n
 
 KEY = "hfbridge"  # SamplingParams.extra_args[KEY] holds the options
 
-_REFUSED = {
-    "do_sample": "vLLM's `SamplingParams.temperature` decides: 0 is greedy, 1 samples from hfbridge's scores",
-    "max_new_tokens": "vLLM's `SamplingParams.max_tokens` ends the request",
-    "max_length": "vLLM's `SamplingParams.max_tokens` ends the request",
-    "forced_eos_token_id": "it needs HF's `max_length`; vLLM's `SamplingParams.max_tokens` ends the request",
-    "forced_bos_token_id": "it applies at the first position of encoder-decoder outputs only",
-    "guidance_scale": "classifier-free guidance needs a second model call per step, which vLLM does not make",
-    "watermarking_config": "watermarking is not offered inside vLLM",
-    "thinking_options": "vLLM's processor runs one chain per request, not one per phase, yet",
-}
+# The options a request may not carry, and why, are the registry's (`hf_option_rows`: `request_refused`, worded
+# with these fields); besides them, vLLM's own:
+_REFUSED = {"thinking_options": "vLLM's processor runs one chain per request, not one per phase, yet"}
 
 _VLLM = Engine(name="vLLM", where=f"`extra_args[{KEY!r}]`", refused=_REFUSED,
-               greedy_fix="set `SamplingParams(temperature=1.0)` (it is 0) to sample from hfbridge's scores")
+               greedy_fix="set `SamplingParams(temperature=1.0)` (it is 0) to sample from hfbridge's scores",
+               temperature="vLLM's `SamplingParams.temperature`", max_tokens="vLLM's `SamplingParams.max_tokens`")
 
 # vLLM's own sampling fields, their "off" test, and where the same thing lives in hfbridge's options.
 _VLLM_FIELDS: dict[str, tuple[Any, str]] = {

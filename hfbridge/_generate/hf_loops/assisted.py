@@ -35,11 +35,13 @@ from hfbridge._hf.outputs import with_cache
 from hfbridge._models.adapters import InputPos, ModelAdapter, Recompute
 from hfbridge._models.choose import as_adapter
 from hfbridge._step.checks.option_checks import check_strategy_options
+from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS
 from hfbridge._step.run.layout import Layout
 from hfbridge._step.run.sampler import Sampler, extract_logits
 
-# Options of HF's assisted decoding that are fields of the assistant's own generation config in HF.
-ASSISTANT_OPTIONS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+# Options of HF's assisted decoding that are fields of the assistant's own generation config in HF (the registry's
+# rows that say `assistant`).
+ASSISTANT_OPTIONS = tuple(name for name, row in HF_OPTION_ROWS.items() if row.assistant)
 
 
 def check_assisted(adapter: ModelAdapter, config: GenerationConfig, options: Any, *, rows: int,

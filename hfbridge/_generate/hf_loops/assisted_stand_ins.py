@@ -8,7 +8,7 @@ fed (the draft tokens are checked in one call), and the cache HF sees can be cro
 
 HF's `AssistedCandidateGenerator` drafts by calling `assistant_model.generate(...)` and carrying
 its `past_key_values` from one call to the next. `DraftHost` is that assistant: its `generate` is
-hfbridge's own loop (`call.prepare` + `call.decode`, which equals HF's `_sample`) on the draft's adapter,
+hfbridge's own loop (`call.prepare` + `loop.decode`, which equals HF's `_sample`) on the draft's adapter,
 resumed from the state the previous draft left and HF cropped, so the draft can be any model form.
 
 >>> import torch
@@ -33,10 +33,10 @@ from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from hfbridge._generate.call import decode as _decode
 from hfbridge._generate.call import prepare as _prepare
 from hfbridge._generate.hf_loops.loop_stand_in import LoopHost
-from hfbridge._generate.loop import forward_and_update
+from hfbridge._generate.loop import LoopOptions, forward_and_update
+from hfbridge._generate.loop import decode as _decode
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._hf import names
 from hfbridge._hf.caches import CacheBase
@@ -344,7 +344,7 @@ class DraftHost(AssistantStandIn):
         else:
             draft = DraftState(self.adapter, call.state)
         try:
-            _decode(self.adapter, call, None, None)
+            _decode(self.adapter, call, None, None, LoopOptions())
         except Exception as error:
             add_note(error, f"hfbridge.generate: raised while the assistant model drafted after "
                              f"{input_ids.shape[1]} tokens.")

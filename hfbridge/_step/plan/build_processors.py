@@ -27,7 +27,7 @@ from hfbridge._step.checks.option_checks import (
 from hfbridge._step.plan import community_options
 from hfbridge._step.plan.guidance_processor import last_position, refuse_without_unconditional, with_unconditional
 from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS
-from hfbridge._step.plan.option_table import ROWS, hf_sampling_options, plain_options
+from hfbridge._step.plan.option_table import ROWS, hf_sampling_options, phase_tags, plain_options
 from hfbridge._step.plan.prefix_fn import with_checked_prefix
 from hfbridge._step.plan.watermark import deferred
 from hfbridge._step.run.processor_list import CheckedProcessorList
@@ -102,6 +102,7 @@ def make_generation_config(
     caller: str = "sample_step",
     host: ProcessorHost | None = None,
     phased: bool = False,
+    checked: bool = False,
     **options: Any,
 ) -> GenerationConfig:
     """A validated copy of `generation_config` with `options` applied, as HF's `generate` makes it.
@@ -110,7 +111,8 @@ def make_generation_config(
     as `model.generate` does). The caller's config is never modified. `host`: the `ProcessorHost`
     HF's helpers run on; a model's host (`HFModel.host`) makes its `generation_config` the defaults.
     `phased`: the call has `thinking_options`, whose phases `thinking_start` / `thinking_end` mark (so they
-    are not options without effect there).
+    are not options without effect there). `checked`: `options` were checked already (`generate`'s arguments:
+    `option_checks.check_options`), so they are not checked again; a passed config's always are.
 
     >>> make_generation_config(temperature=0.7).do_sample
     True
@@ -128,7 +130,7 @@ def make_generation_config(
     # a tuning option whose processor no option switches on does nothing: said, and it does not turn sampling on
     given = {**options, **community}
     if phased:  # the tags mark the phases of `thinking_options`: in use without a budget
-        given = {name: value for name, value in given.items() if name not in ("thinking_start", "thinking_end")}
+        given = {name: value for name, value in given.items() if name not in phase_tags()}
     idle = warn_without_effect(given, configs)
     if generation_config is not None:  # the config's own, with the keywords' switches
         carried = {name: getattr(generation_config, name, None) for name in community_options.OPTIONS
@@ -151,12 +153,15 @@ def make_generation_config(
     if prompt_length is not None and not (isinstance(prompt_length, int) and not isinstance(prompt_length, bool)):
         raise TypeError(f"`prompt_length` must be an int (the prompt's length in tokens), got "
                         f"{type(prompt_length).__name__} {prompt_length!r}.")
-    check_option_values(options)  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
-    if generation_config is not None:
+    if not checked:  # before HF reads them: HF lets NaN, bools for ints and strings for flags through
+        check_option_values(options)
+    if generation_config is not None:  # the config's options, hfbridge.processors' included
         check_config_options(generation_config, where="in `generation_config`")
-        if greedy_by_temperature:
-            generation_config = copy.deepcopy(generation_config)
-            generation_config.temperature = None
+    if not checked:
+        community_options.check_community(community)
+    if generation_config is not None and greedy_by_temperature:
+        generation_config = copy.deepcopy(generation_config)
+        generation_config.temperature = None
     host = host if host is not None else ProcessorHost()  # a model's host carries its generation_config
     base = generation_config
     if base is None or base.do_sample is None:
@@ -168,7 +173,7 @@ def make_generation_config(
     if unused:  # pragma: no cover - names were checked above
         raise TypeError(f"{caller}() got options transformers does not know: {sorted(unused)}")
     config.validate()
-    community_options.carry_options(config, community, generation_config)
+    community_options.carry_options(config, community)
     _check_values(config)
     # guidance_scale needs `unconditional=` where the processors are built (`processors_for_config`)
     if accepted is None:

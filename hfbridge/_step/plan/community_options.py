@@ -14,7 +14,8 @@ processors and puts them in the chain order, by each row's `place`:
 3. "after_truncation": `XTCLogitsWarper` after HF's truncation warpers (top-k, top-p, min-p, typical, epsilon,
    eta, top-h);
 4. "last": `MirostatLogitsWarper` (`mirostat=2`) or `MirostatV1LogitsWarper` (`mirostat=1`) last (before
-   HF's watermarks and `LogitNormalization`, if any), or `AdaptivePLogitsWarper` (`adaptive_target >= 0`);
+   HF's watermarks and `LogitNormalization`, if any), or `AdaptivePLogitsWarper` (`adaptive_target >= 0`): one
+   of them, as each chooses the final token itself (their trait `picks_token`);
 5. "first": `ThinkingBudgetLogitsProcessor` (`thinking_budget`) first (after HF's guidance, if any), as
    llama.cpp adds its reasoning budget first: the token it forces stays the only one left;
 6. `sampler_order` (llama.cpp's `--samplers`), last: the named samplers trade places
@@ -44,6 +45,7 @@ from hfbridge._step.checks.option_checks import check_option_values
 from hfbridge._step.plan import sampler_order
 from hfbridge._step.plan.hf_option_rows import chain_processors
 from hfbridge._step.plan.option_table import ROWS, OptionRow, community_rows, order_members
+from hfbridge.processors._traits import own_trait
 
 __all__ = ["OPTIONS", "add_processors", "carry_options", "check_community", "split_options", "warper_options"]
 
@@ -71,11 +73,9 @@ def check_community(options: Mapping[str, Any], *, where: str = "") -> None:
     check_option_values({name: value for name, value in options.items() if name in OPTIONS}, where=where)
 
 
-def carry_options(config: GenerationConfig, options: Mapping[str, Any], user_config: GenerationConfig | None) -> None:
-    """Check the options (keywords and the user's config's extra attributes) and set them on `config`."""
-    if user_config is not None:
-        check_community({name: getattr(user_config, name, None) for name in OPTIONS}, where="in `generation_config`")
-    check_community(options)
+def carry_options(config: GenerationConfig, options: Mapping[str, Any]) -> None:
+    """Set the options (checked: `build_processors.make_generation_config`) on `config`, the extra attributes HF
+    keeps."""
     for name, value in options.items():
         if value is not None:
             setattr(config, name, value)
@@ -150,31 +150,37 @@ def build(config: GenerationConfig, *, tokenizer: Any = None, generator: Any = N
         if kind.__name__ == "PresenceFrequencyPenaltyLogitsProcessor":
             _penalty_arguments(config, v, arguments, prompt_length)
         if kind.__name__ == "ThinkingBudgetLogitsProcessor":
-            built[kind] = _named(_thinking_budget(kind, arguments, tokenizer), rows)
+            built[kind] = _named(_thinking_budget(kind, arguments, tokenizer, rows), rows)
             continue
         built[kind] = _named(kind(**arguments), rows)
-    kinds = {kind.__name__ for kind in built}
-    if "AdaptivePLogitsWarper" in kinds and kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}:
-        raise ValueError("`mirostat` and `adaptive_target` both choose the final token from a distribution of "
-                         "their own (llama.cpp runs one or the other): pass one of them.")
-    mirostat = kinds & {"MirostatLogitsWarper", "MirostatV1LogitsWarper"}
-    if getattr(config, "sampler_order", None) is not None and mirostat:
-        raise ValueError("`sampler_order` orders llama.cpp's sampler chain, which `mirostat` replaces (llama.cpp "
-                         "ignores the order then): pass one of them.")
+    _check_pickers(built, config)
     return built
 
 
-_THINKING_NAMES = {"`budget": "`thinking_budget", "`start_ids": "`thinking_start", "`end_ids": "`thinking_end",
-                   "`message_ids": "`thinking_budget_message"}
+def _check_pickers(built: Mapping[type, Any], config: GenerationConfig) -> None:
+    """The classes' traits (`processors/_traits.py`): one sampler that picks the final token, and none that replaces
+    llama.cpp's chain with `sampler_order`; errors name each one's switch."""
+    pickers = [kind for kind in built if own_trait(kind, "picks_token")]
+    replacing = [kind for kind in built if own_trait(kind, "replaces_chain")]
+    if len(pickers) < 2 and (not replacing or getattr(config, "sampler_order", None) is None):
+        return
+    classes = _classes()
+    switch = {kind: next((row.name for row in classes[kind] if row.switch), classes[kind][0].name)
+              for kind in (*pickers, *replacing)}
+    if len(pickers) > 1:
+        raise ValueError(f"`{switch[pickers[0]]}` and `{switch[pickers[1]]}` both choose the final token from a "
+                         "distribution of their own (llama.cpp runs one or the other): pass one of them.")
+    raise ValueError(f"`sampler_order` orders llama.cpp's sampler chain, which `{switch[replacing[0]]}` replaces "
+                     "(llama.cpp ignores the order then): pass one of them.")
 
 
-def _thinking_budget(kind: type, arguments: dict[str, Any], tokenizer: Any) -> Any:
+def _thinking_budget(kind: type, arguments: dict[str, Any], tokenizer: Any, rows: list[OptionRow]) -> Any:
     try:
         return kind(**arguments)
     except (TypeError, ValueError) as error:
         text = str(error)
-        for old, new in _THINKING_NAMES.items():
-            text = text.replace(old, new)
+        for row in rows:  # the constructor's argument names -> the options (`budget` -> `thinking_budget`)
+            text = text.replace(f"`{row.argument}", f"`{row.name}")
         if tokenizer is None and "tokenizer=" in text:
             text = text.rstrip(".") + " (the default tags are the strings '<think>' and '</think>')."
         raise type(error)(text) from None

@@ -29,25 +29,20 @@ from typing import Any
 from hfbridge._step.checks.option_checks import did_you_mean
 from hfbridge._step.plan import community_options
 from hfbridge._step.plan.build_processors import step_option_names
-from hfbridge._step.plan.hf_option_rows import needing
-from hfbridge._step.plan.option_table import hf_sampling_options, sampling_options
+from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS, list_options, needing, request_options
+from hfbridge._step.plan.option_table import sampling_options
 from hfbridge._step.run.sampler import Sampler
 
 __all__ = ["EOS_OPTIONS", "LENGTH_OPTIONS", "LIST_OPTIONS", "Engine", "RequestOptions", "accepted_names",
            "build_sampler", "check_options", "describe", "refuse_fields"]
 
-# HF's options that only change the scores (looked up on the installed transformers: `top_h` is new)
-_HF_OPTIONS = ("repetition_penalty", "no_repeat_ngram_size", "sequence_bias", "bad_words_ids", "suppress_tokens",
-               "begin_suppress_tokens", "min_new_tokens", "min_length", "exponential_decay_length_penalty",
-               "eos_token_id", "remove_invalid_values", "renormalize_logits", *hf_sampling_options())
 # Options whose processor counts the request's tokens from where its prompt ends (the registry's rows say).
 LENGTH_OPTIONS = needing("prompt_end")
 # Options that need the end-of-sequence ids (the request's stop tokens unless `eos_token_id` is given).
 EOS_OPTIONS = needing("eos")
-# Options whose value is a list by nature; every other option takes one plain value per request.
-LIST_OPTIONS = ("sequence_bias", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "eos_token_id",
-                "exponential_decay_length_penalty", "dry_sequence_breakers", "thinking_start", "thinking_end",
-                "thinking_budget_message", "sampler_order")
+# Options whose value is a list by nature (the rows' `list_value`); every other option takes one plain value per
+# request.
+LIST_OPTIONS = list_options()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +52,32 @@ class Engine:
     Attributes:
         name: The engine ("vLLM", "SGLang").
         where: Where a request's options live, as errors name it (`custom_params`).
-        refused: Option names the engine does not take, each with the reason.
+        refused: Names the engine does not take besides the registry's (`hf_option_rows`: `request_refused`),
+            each with the reason.
         greedy_fix: How to make a request sample, for the error on a sampling-only option.
+        temperature: The engine's field that decides greedy or sampling, as the registry's reasons name it.
+        max_tokens: The engine's field that ends a request, as the registry's reasons name it.
     """
 
     name: str
     where: str
     refused: Mapping[str, str]
     greedy_fix: str = "set the engine's temperature to 1.0 to sample from hfbridge's scores"
+    temperature: str = "the engine's `temperature`"
+    max_tokens: str = "the engine's length limit"
+
+    def refusal(self, name: str) -> str | None:
+        """Why a request may not carry option `name` (None: it is not refused).
+
+        >>> Engine(name="SGLang", where="`custom_params`", refused={}).refusal("watermarking_config")
+        'watermarking is not offered inside SGLang'
+        """
+        if name in self.refused:
+            return self.refused[name]
+        row = HF_OPTION_ROWS.get(name)
+        if row is None or row.request_refused is None:
+            return None
+        return row.request_refused.format(engine=self.name, temperature=self.temperature, max_tokens=self.max_tokens)
 
 
 @functools.cache
@@ -74,7 +87,7 @@ def accepted_names() -> frozenset[str]:
     >>> {"dry_multiplier", "repetition_penalty", "top_p"} <= accepted_names()
     True
     """
-    return frozenset(name for name in _HF_OPTIONS if name in step_option_names()) | frozenset(
+    return frozenset(name for name in request_options() if name in step_option_names()) | frozenset(
         community_options.OPTIONS)
 
 
@@ -152,8 +165,9 @@ def refuse_fields(params: Any, fields: Mapping[str, tuple[Callable[[Any], bool],
 def _check_name(name: Any, engine: Engine) -> None:
     if not isinstance(name, str):
         raise TypeError(f"{engine.where} keys must be option names (str), got {name!r}.")
-    if name in engine.refused:
-        raise ValueError(f"`{name}` is not taken in {engine.name}: {engine.refused[name]}.")
+    refusal = engine.refusal(name)
+    if refusal is not None:
+        raise ValueError(f"`{name}` is not taken in {engine.name}: {refusal}.")
     if name not in accepted_names():
         hint = did_you_mean(name, accepted_names())
         raise ValueError(f"`{name}` is not an hfbridge option {engine.name} requests take.{hint}"

@@ -34,8 +34,8 @@ from hfbridge._step.checks.row_checks import check_count, check_early_stopping, 
 from hfbridge._step.checks.value_checks import check_flag
 from hfbridge._step.plan.option_table import ROWS
 
-__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "needing", "options_of_kind",
-           "token_id_options"]
+__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "list_options", "needing",
+           "options_of_kind", "request_options", "token_id_options"]
 
 @dataclasses.dataclass(frozen=True)
 class HFOptionRow:
@@ -57,13 +57,21 @@ class HFOptionRow:
         needs: What its processor needs besides: "prompt_length" (it depends on how long the prompt was),
             "prompt_end" (in an engine's request it counts the tokens from where the prompt ends), "eos" (the
             end-of-sequence ids: a request's stop tokens unless `eos_token_id` is given).
-        whole_call: It holds for the whole call, the same in both phases of `thinking_options` (lengths, special
-            tokens, options whose processors need more than the step).
         check: A "strategy" option's check `(name, value) -> None` (the beam and draft options).
         selects: `value -> bool`: the value selects a decoding strategy other than greedy or sampling (HF's
             `get_generation_mode`); the step refuses it, naming the option.
         refused: Why `generate` refuses the option when set (`selects`, or a true value): it needs more than
             logits processors.
+        whole_call: It holds for the whole call, the same in both phases of `thinking_options` (lengths, special
+            tokens, options whose processors need more than the step).
+        request: A serving engine's request may carry it (`engine_requests`: vLLM's and SGLang's processors): it
+            only changes the scores. Every row of `option_table.ROWS` may.
+        request_refused: Why an engine's request may not carry it, said by the engine: a template of `{engine}`,
+            `{temperature}` and `{max_tokens}` (the engine's own fields: `engine_requests.Engine`).
+        list_value: Its one value is a list by nature (token ids, pairs, strings): a list is that value, never one
+            value per row.
+        assistant: A field of the assistant's own generation config in HF's assisted decoding.
+        internals: A true value asks for the model's internals, which `generate` does not see (refused).
     """
 
     name: str
@@ -80,6 +88,11 @@ class HFOptionRow:
     selects: Callable[[Any], bool] | None = None
     refused: str | None = None
     whole_call: bool = False
+    request: bool = False
+    request_refused: str | None = None
+    list_value: bool = False
+    assistant: bool = False
+    internals: bool = False
 
 
 def _row(name: str, kind: str | None, *builds: str, intact: bool = True, **more: Any) -> HFOptionRow:
@@ -95,43 +108,53 @@ def _set(value: Any) -> bool:
 
 
 _PROMPT = ("prompt_length",)
+_LENGTH = "{max_tokens} ends the request"  # an engine's own length ends its requests
 _ROWS = [
-    _row("do_sample", "flag", step=True),
-    _row("remove_invalid_values", "flag", "InfNanRemoveLogitsProcessor", step=True),
-    _row("renormalize_logits", "flag", "LogitNormalization", chain="tail", step=True),
+    _row("do_sample", "flag", step=True,
+         request_refused="{temperature} decides: 0 is greedy, 1 samples from hfbridge's scores"),
+    _row("remove_invalid_values", "flag", "InfNanRemoveLogitsProcessor", step=True, request=True),
+    _row("renormalize_logits", "flag", "LogitNormalization", chain="tail", step=True, request=True),
     _row("return_dict_in_generate", "flag"),
     _row("output_scores", "flag"),
     _row("output_logits", "flag"),
-    _row("output_attentions", "flag"),
-    _row("output_hidden_states", "flag"),
+    _row("output_attentions", "flag", internals=True),
+    _row("output_hidden_states", "flag", internals=True),
     _row("use_cache", "flag"),
-    _row("min_length", "count", "MinLengthLogitsProcessor", minimum=0, step=True, needs=("prompt_end", "eos")),
+    _row("min_length", "count", "MinLengthLogitsProcessor", minimum=0, step=True, needs=("prompt_end", "eos"),
+         request=True),
     _row("min_new_tokens", "count", "MinNewTokensLengthLogitsProcessor", minimum=0, step=True,
-         needs=("prompt_length", "prompt_end", "eos")),
-    _row("max_length", "count", minimum=1, step=True, whole_call=True),
-    _row("max_new_tokens", "count", minimum=1, step=True, whole_call=True, needs=_PROMPT),
+         needs=("prompt_length", "prompt_end", "eos"), request=True),
+    _row("max_length", "count", minimum=1, step=True, whole_call=True, request_refused=_LENGTH),
+    _row("max_new_tokens", "count", minimum=1, step=True, whole_call=True, needs=_PROMPT, request_refused=_LENGTH),
     _row("num_return_sequences", "count", minimum=1),
     _row("num_beams", "count", minimum=1, selects=_above(1)),
     _row("num_beam_groups", "count", minimum=1, selects=_above(1)),
     # the guidance processor runs the model (with ids of its own): not intact
     _row("guidance_scale", "number", "UnbatchedClassifierFreeGuidanceLogitsProcessor", intact=False, chain="head",
-         step=True, whole_call=True),
+         step=True, whole_call=True,
+         request_refused="classifier-free guidance needs a second model call per step, which {engine} does not make"),
     _row("max_time", "number", positive=True),
     _row("pad_token_id", "id", token_ids=True, step=True, whole_call=True),
     _row("bos_token_id", "id", token_ids=True, step=True, whole_call=True),
-    _row("forced_bos_token_id", "id", "ForcedBOSTokenLogitsProcessor", token_ids=True, step=True),
-    _row("eos_token_id", "ids", token_ids=True, step=True, whole_call=True),
-    _row("forced_eos_token_id", "ids", "ForcedEOSTokenLogitsProcessor", token_ids=True, step=True),
-    _row("suppress_tokens", "id_list", "SuppressTokensLogitsProcessor", token_ids=True, step=True),
+    _row("forced_bos_token_id", "id", "ForcedBOSTokenLogitsProcessor", token_ids=True, step=True,
+         request_refused="it applies at the first position of encoder-decoder outputs only"),
+    _row("eos_token_id", "ids", token_ids=True, step=True, whole_call=True, request=True, list_value=True),
+    _row("forced_eos_token_id", "ids", "ForcedEOSTokenLogitsProcessor", token_ids=True, step=True, list_value=True,
+         request_refused=f"it needs HF's `max_length`; {_LENGTH}"),
+    _row("suppress_tokens", "id_list", "SuppressTokensLogitsProcessor", token_ids=True, step=True, request=True,
+         list_value=True),
     _row("begin_suppress_tokens", "id_list", "SuppressTokensAtBeginLogitsProcessor", token_ids=True, step=True,
-         needs=("prompt_length", "prompt_end")),
-    _row("bad_words_ids", "id_sequences", "NoBadWordsLogitsProcessor", token_ids=True, step=True),
-    _row("sequence_bias", "sequence_bias", "SequenceBiasLogitsProcessor", chain="head", token_ids=True, step=True),
+         needs=("prompt_length", "prompt_end"), request=True, list_value=True),
+    _row("bad_words_ids", "id_sequences", "NoBadWordsLogitsProcessor", token_ids=True, step=True, request=True,
+         list_value=True),
+    _row("sequence_bias", "sequence_bias", "SequenceBiasLogitsProcessor", chain="head", token_ids=True, step=True,
+         request=True, list_value=True),
     _row("exponential_decay_length_penalty", "decay", "ExponentialDecayLengthPenalty", step=True,
-         needs=("prompt_length", "prompt_end", "eos")),
-    _row("stop_strings", "stop_strings"),
+         needs=("prompt_length", "prompt_end", "eos"), request=True, list_value=True),
+    _row("stop_strings", "stop_strings", list_value=True),
     _row("watermarking_config", "watermark", "WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
-         intact=False, chain="tail", step=True, whole_call=True),
+         intact=False, chain="tail", step=True, whole_call=True,
+         request_refused="watermarking is not offered inside {engine}"),
     _row("encoder_repetition_penalty", None, "EncoderRepetitionPenaltyLogitsProcessor", intact=False, chain="head"),
     # beam search and assisted / prompt-lookup decoding: HF's loops read these without checking them
     # (`length_penalty="2"` failed after the first model call, `num_assistant_tokens=inf` inside the draft loop);
@@ -147,9 +170,10 @@ _ROWS = [
     _row("assistant_early_exit", None, selects=_set),
     _row("early_stopping", "strategy", check=check_early_stopping),
     _row("low_memory", "strategy", check=check_flag),
-    _row("num_assistant_tokens", "strategy", check=lambda name, value: check_real(name, value, 1)),
-    _row("assistant_confidence_threshold", "strategy", check=lambda name, value: check_real(name, value, 0, 1)),
-    _row("num_assistant_tokens_schedule", "strategy", check=check_schedule),
+    _row("num_assistant_tokens", "strategy", check=lambda name, value: check_real(name, value, 1), assistant=True),
+    _row("assistant_confidence_threshold", "strategy", check=lambda name, value: check_real(name, value, 0, 1),
+         assistant=True),
+    _row("num_assistant_tokens_schedule", "strategy", check=check_schedule, assistant=True),
     _row("prompt_lookup_num_tokens", "strategy", check=lambda name, value: check_count(name, value, 1),
          selects=_set),
     _row("max_matching_ngram_size", "strategy", check=lambda name, value: check_count(name, value, 1)),
@@ -188,3 +212,21 @@ def token_id_options() -> tuple[str, ...]:
     sampling rows' (DRY's breakers, which may be strings too)."""
     return (*(name for name, row in HF_OPTION_ROWS.items() if row.token_ids),
             *(name for name, row in ROWS.items() if row.token_ids))
+
+
+def request_options() -> tuple[str, ...]:
+    """HF's options a serving engine's request may carry: the HF rows of `option_table.ROWS` (HF's samplers and
+    penalties) and these rows' `request` ones (hfbridge's samplers are `community_rows()`).
+
+    >>> {"top_p", "repetition_penalty", "eos_token_id"} <= set(request_options()), "max_length" in request_options()
+    (True, False)
+    """
+    return (*(name for name, row in ROWS.items() if not row.community),
+            *(name for name, row in HF_OPTION_ROWS.items() if row.request))
+
+
+def list_options() -> tuple[str, ...]:
+    """The options whose one value is a list by nature (the rows' `list_value`, both tables): a list there is
+    that value, never one value per row."""
+    return (*(name for name, row in HF_OPTION_ROWS.items() if row.list_value),
+            *(name for name, row in ROWS.items() if row.list_value))

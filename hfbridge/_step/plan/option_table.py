@@ -50,7 +50,7 @@ from hfbridge.processors._rows import RowParam, described, plain
 from hfbridge.processors._traits import own_trait
 from hfbridge.processors.dry import DEFAULT_SEQUENCE_BREAKERS
 
-__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "order_members", "per_row_options",
+__all__ = ["PLACES", "ROWS", "OptionRow", "community_rows", "order_members", "per_row_options", "phase_tags",
            "plain_options", "register", "sampling_options", "sampling_processors", "setting", "switches_of",
            "unregister", "without_effect"]
 
@@ -90,6 +90,14 @@ class OptionRow:
         chain: "head" for HF's processors that hfbridge's penalties follow (see `hf_option_rows`).
         token_ids: Its value may hold token ids (checked against the vocabulary at the first step).
         drops_top_k: `value -> bool`: this value turns HF's default `top_k=50` off unless `top_k` is passed.
+        list_value: Its one value is a list by nature (token ids, tags, strings, an order): a list is that value,
+            never one value per row.
+        phase_tag: It marks where a row's thinking starts or ends: `thinking_options` finds the phases by it, so
+            it is the same in both phases (and in use without a budget).
+        shares_draw: With `fast=True`, per-row groups that differ only in options like this one share one draw,
+            its values a `(n, 1)` tensor (`per_row.PerRowTemperature`, `per_row.tensor_top_p`).
+
+    Every row may ride a serving engine's request (`hf_option_rows.request_options`).
     """
 
     name: str
@@ -114,6 +122,9 @@ class OptionRow:
     chain: str | None = None
     token_ids: bool = False
     drops_top_k: Callable[[Any], bool] | None = None
+    list_value: bool = False
+    phase_tag: bool = False
+    shares_draw: bool = False
 
     @property
     def community(self) -> bool:
@@ -167,9 +178,9 @@ _PENALTIES = PresenceFrequencyPenaltyLogitsProcessor
 _ROWS = [
     # HF's numeric options (HF builds and places their processors; a row of these may vary per row)
     _hf("temperature", "TemperatureLogitsWarper", 1.0, order_name="temperature", check=check_temperature,
-        also_configures=("DynamicTemperatureLogitsWarper",)),
+        also_configures=("DynamicTemperatureLogitsWarper",), shares_draw=True),
     _hf("top_k", "TopKLogitsWarper", 0, order_name="top_k", integer=True),
-    _hf("top_p", "TopPLogitsWarper", 1.0, order_name="top_p"),
+    _hf("top_p", "TopPLogitsWarper", 1.0, order_name="top_p", shares_draw=True),
     _hf("min_p", "MinPLogitsWarper", None, order_name="min_p"),
     _hf("typical_p", "TypicalLogitsWarper", 1.0, order_name="typ_p"),
     _hf("epsilon_cutoff", "EpsilonLogitsWarper", 0.0),
@@ -193,7 +204,7 @@ _ROWS = [
     _ours("dry_penalty_last_n", DRYLogitsProcessor, "penalty_last_n", -1, integer=True, bounds={"minimum": -1},
           place="penalties"),
     _ours("dry_sequence_breakers", DRYLogitsProcessor, "sequence_breakers", DEFAULT_SEQUENCE_BREAKERS,
-          per_row=False, check=check_breakers, place="penalties", token_ids=True),
+          per_row=False, check=check_breakers, place="penalties", token_ids=True, list_value=True),
     _ours("dynatemp_range", DynamicTemperatureLogitsWarper, "range", 0.0, off=0.0, switch=True, sampling=True,
           bounds={"minimum": 0.0}, place="temperature", needs=("temperature",)),
     _ours("dynatemp_exponent", DynamicTemperatureLogitsWarper, "exponent", 1.0, sampling=True,
@@ -226,13 +237,14 @@ _ROWS = [
     _ours("thinking_budget", ThinkingBudgetLogitsProcessor, "budget", None, switch=True, integer=True,
           bounds={"minimum": 0}, place="first", needs=("tokenizer", "prompt_length")),
     _ours("thinking_start", ThinkingBudgetLogitsProcessor, "start_ids", "<think>", per_row=False, check=check_tag,
-          place="first"),
+          place="first", list_value=True, phase_tag=True),
     _ours("thinking_end", ThinkingBudgetLogitsProcessor, "end_ids", "</think>", per_row=False, check=check_tag,
-          place="first"),
+          place="first", list_value=True, phase_tag=True),
     _ours("thinking_budget_message", ThinkingBudgetLogitsProcessor, "message_ids", None, per_row=False,
-          check=check_message, place="first"),
+          check=check_message, place="first", list_value=True),
     # the order of llama.cpp's samplers in the chain (`_step/plan/sampler_order.py`; greedy or sampling): no processor
-    OptionRow("sampler_order", None, per_row=False, check=lambda name, value: _check_order(value), place="order"),
+    OptionRow("sampler_order", None, per_row=False, check=lambda name, value: _check_order(value), place="order",
+              list_value=True),
 ]
 
 ROWS: dict[str, OptionRow] = {row.name: row for row in _ROWS}
@@ -324,6 +336,15 @@ def _on(name: str, value: Any) -> bool:
         return ROWS[name].active(plain(value))
     except (TypeError, ValueError):  # a wrong value: its own check names it, later
         return True
+
+
+def phase_tags() -> tuple[str, ...]:
+    """The options that mark a row's thinking phase (the rows' `phase_tag`).
+
+    >>> phase_tags()
+    ('thinking_start', 'thinking_end')
+    """
+    return tuple(name for name, row in ROWS.items() if row.phase_tag)
 
 
 def per_row_options() -> tuple[str, ...]:

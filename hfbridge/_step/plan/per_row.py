@@ -250,7 +250,7 @@ class RowPlan:
         if device.type not in _TEMPERATURE_DEVICES or stateful or not (top_p_places or temperatures):
             return [(rows, index, self.group_tail(number, start), self.samples[rows[0]])
                     for number, ((_, rows), index) in enumerate(zip(self.groups, self.indices))]
-        skip = {self.names.index(name) for name in ("temperature", "top_p") if name in self.names}
+        skip = {place for place, name in enumerate(self.names) if ROWS[name].shares_draw}  # temperature, top-p
         merged: dict[tuple, list[int]] = {}  # key without the temperature and top-p -> the groups it joins
         for number, (_, rows) in enumerate(self.groups):
             values = self.group_keys[number]

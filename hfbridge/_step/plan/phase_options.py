@@ -23,6 +23,7 @@ from hfbridge._step.checks.option_checks import did_you_mean
 from hfbridge._step.plan.build_processors import step_option_names
 from hfbridge._step.plan.community_options import OPTIONS as COMMUNITY_OPTIONS
 from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS
+from hfbridge._step.plan.option_table import phase_tags
 from hfbridge._step.plan.per_row import PerRowValues, split_per_row
 from hfbridge.processors.thinking_budget import tag_ids
 
@@ -31,10 +32,10 @@ __all__ = ["PHASE_NAMES", "check_thinking_options", "expand_thinking_options", "
 
 PHASE_NAMES = ("answer", "thinking")  # a row's phase, by the value of `span_open`
 
-# Options of the whole call, the same in both phases: the tags that find the phase, and the registry's rows that
-# say `whole_call` (the lengths, the special tokens, guidance's second sequence, watermarks).
+# Options of the whole call, the same in both phases: the tags that find the phase (the registry's rows that say
+# `phase_tag`), and the rows that say `whole_call` (the lengths, the special tokens, guidance's second sequence,
+# watermarks).
 _CALL_OPTIONS = frozenset(name for name, row in HF_OPTION_ROWS.items() if row.whole_call)
-_TAGS = ("thinking_start", "thinking_end")
 
 
 def check_thinking_options(value: Any) -> dict[str, Any] | None:
@@ -54,7 +55,7 @@ def check_thinking_options(value: Any) -> dict[str, Any] | None:
         if name == "thinking_options":
             raise ValueError("`thinking_options` holds `thinking_options`: phases do not nest; pass the thinking "
                              "phase's options directly in it.")
-        if name in _TAGS:
+        if name in phase_tags():
             raise ValueError(f"`thinking_options` holds `{name}`, which finds the phase and so is the same in both: "
                              "pass it beside `thinking_options`.")
         if name in _CALL_OPTIONS or (name in generation_option_names() and name not in accepted):
