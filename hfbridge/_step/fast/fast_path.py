@@ -98,7 +98,7 @@ from hfbridge._step.fast.top_p.mask import top_p_mask
 from hfbridge._step.fast.top_p.route_table import top_p_plan
 from hfbridge._step.fast.weighted_draw import draw
 from hfbridge._step.run.cpu_shortcuts import cpu_shortcuts
-from hfbridge._step.run.processor_list import check_processor_output
+from hfbridge._step.run.processor_list import Recorder, check_processor_output
 from hfbridge.processors import PresenceFrequencyPenaltyLogitsProcessor
 from hfbridge.processors._cpu_side import owned_scores
 
@@ -193,7 +193,7 @@ class FastDraw:
 
 def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: LogitsProcessorList,
               generator: torch.Generator | None = None, *, candidates: bool | None = None,
-              memo: dict | None = None, read_only: bool = False) -> FastDraw:
+              memo: dict | None = None, read_only: bool = False, record: Recorder | None = None) -> FastDraw:
     """`fast_sample` that also says, without a host-device sync, which rows could be sampled.
 
     Args:
@@ -202,6 +202,8 @@ def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: 
         read_only: `scores` is not a private copy: it is never written, and copied only where a
             processor writes (a temperature divides out of place, so the division is the copy).
             Default: False, `scores` is modified in place.
+        record: Called as `record(processor, scores)` after each processor, in order, with a copy of the
+            scores it leaves (the fused ones' decisions written into the copy only: the draw is the same).
         Others: as `fast_sample`.
 
     Returns:
@@ -212,13 +214,13 @@ def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: 
     >>> out.valid.tolist()
     [True, False]
     """
-    state = _run(input_ids, scores, processors, candidates, memo, read_only=read_only)
+    state = _run(input_ids, scores, processors, candidates, memo, read_only=read_only, record=record)
     tokens, valid = state.sample(generator)
     return FastDraw(tokens, valid, state)
 
 
 def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, candidates: bool | None,
-         memo: dict | None = None, *, read_only: bool = False) -> FastState:
+         memo: dict | None = None, *, read_only: bool = False, record: Recorder | None = None) -> FastState:
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or scores.dtype != torch.float32:
         got = f"{scores.dtype} of shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores)
         raise ValueError(f"`scores` must be a float32 tensor of shape (batch, vocab), got {got}.")
@@ -226,39 +228,47 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
         candidates = cpu_shortcuts(scores)
     state = FastState(scores, read_only=read_only)
     for index, processor in enumerate(processors):
-        kind = type(processor)
-        if kind is TemperatureLogitsWarper:
-            # Deferred: a top-k right after it only needs the division at its candidates.
-            state.current()
-            state.temperature = processor.temperature
-        elif kind is TopKLogitsWarper:
-            _top_k(state, processor, candidates)
-        elif kind is TopPLogitsWarper:
-            _top_p(state, processor, candidates, memo)
-        elif kind is MinPLogitsWarper:
-            if candidates and _min_p_on_candidates(state, processor):
-                continue
-            probs = torch.softmax(state.current(), dim=-1)  # bit for bit HF's probs
-            # HF's comparison, negated (not `>=`): a NaN row keeps its NaN, as in HF
-            keep = (probs < processor.min_p * probs.amax(dim=-1, keepdim=True)).logical_not_()
-            if processor.min_tokens_to_keep > 1:  # with 1 the top token is never below min_p * top
-                k = min(processor.min_tokens_to_keep, probs.shape[-1])
-                keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
-            state.filtered(processor.filter_value, Mask(keep, probs))
-        elif kind in _COPYING and not state.owned and state.pending is None and state.temperature is None:
-            # Borrowed scores go to it as they are: it leaves them untouched and returns its own
-            # tensor, which becomes the private copy (a copy made here first would be a second one).
-            lent = state.scores
-            output = processor(input_ids, lent)
-            state.scores = check_processor_output(processor, lent, output, index=index)
-            state.owned = output is not lent  # the borrowed tensor itself when it had nothing to do
-        else:
-            scores = state.materialize()  # a private tensor: the processor may write into it
-            with owned_scores():
-                output = processor(input_ids, scores)
-            # a processor run here gets the check CheckedProcessorList gives it in exact mode
-            state.scores = check_processor_output(processor, scores, output, index=index)
+        _apply(state, index, processor, input_ids, candidates, memo)
+        if record is not None:
+            record(processor, state.peek())  # [N, V]
     return state
+
+
+def _apply(state: FastState, index: int, processor: Any, input_ids: torch.Tensor | None, candidates: bool,
+           memo: dict | None) -> None:
+    """One processor of the list on the state: fused when known, else called."""
+    kind = type(processor)
+    if kind is TemperatureLogitsWarper:
+        # Deferred: a top-k right after it only needs the division at its candidates.
+        state.current()
+        state.temperature = processor.temperature
+    elif kind is TopKLogitsWarper:
+        _top_k(state, processor, candidates)
+    elif kind is TopPLogitsWarper:
+        _top_p(state, processor, candidates, memo)
+    elif kind is MinPLogitsWarper:
+        if candidates and _min_p_on_candidates(state, processor):
+            return
+        probs = torch.softmax(state.current(), dim=-1)  # bit for bit HF's probs
+        # HF's comparison, negated (not `>=`): a NaN row keeps its NaN, as in HF
+        keep = (probs < processor.min_p * probs.amax(dim=-1, keepdim=True)).logical_not_()
+        if processor.min_tokens_to_keep > 1:  # with 1 the top token is never below min_p * top
+            k = min(processor.min_tokens_to_keep, probs.shape[-1])
+            keep.scatter_(-1, torch.topk(probs, k, dim=-1).indices, True)
+        state.filtered(processor.filter_value, Mask(keep, probs))
+    elif kind in _COPYING and not state.owned and state.pending is None and state.temperature is None:
+        # Borrowed scores go to it as they are: it leaves them untouched and returns its own
+        # tensor, which becomes the private copy (a copy made here first would be a second one).
+        lent = state.scores
+        output = processor(input_ids, lent)
+        state.scores = check_processor_output(processor, lent, output, index=index)
+        state.owned = output is not lent  # the borrowed tensor itself when it had nothing to do
+    else:
+        scores = state.materialize()  # a private tensor: the processor may write into it
+        with owned_scores():
+            output = processor(input_ids, scores)
+        # a processor run here gets the check CheckedProcessorList gives it in exact mode
+        state.scores = check_processor_output(processor, scores, output, index=index)
 
 
 def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> None:

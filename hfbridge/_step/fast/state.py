@@ -82,6 +82,18 @@ class FastState:
             self.scores, self.pending = self.pending.write(self.scores, self.filter_value), None
         return self.scores
 
+    def peek(self) -> torch.Tensor:
+        """A copy of the scores with everything pending applied, the state left as it is: what a recorder
+        (`fast_draw(record=...)`) reads, so that recording never changes the draw."""
+        scores, temperature = self.scores, self.temperature
+        if temperature is None:
+            scores = scores.clone()
+        elif isinstance(temperature, torch.Tensor) and scores.device.type == "cuda":
+            scores = scores * torch.reciprocal(temperature)  # as `divided`
+        else:
+            scores = scores / temperature
+        return scores if self.pending is None else self.pending.write(scores, self.filter_value)  # [N, V]
+
     def filtered(self, filter_value: float, pending: Pending) -> None:
         """A filter's decision, left pending until something reads the scores or draws."""
         self.filter_value = float(filter_value)

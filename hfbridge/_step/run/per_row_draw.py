@@ -26,6 +26,7 @@ from transformers import LogitsProcessorList
 
 from hfbridge._step.plan.per_row import PerRowProcessor, PerRowValues, RowPlan
 from hfbridge._step.run.cpu_shortcuts import greedy_choice
+from hfbridge._step.run.processor_list import CheckedProcessorList, Recorder
 from hfbridge.processors._stateful import is_stateful
 
 __all__ = ["Generators", "GroupedDraw", "RowState", "Unit", "check_generators", "choose_rows", "fast_rows"]
@@ -135,16 +136,19 @@ class GroupedDraw:
 Unit = tuple[torch.Tensor, Sequence[int], Any, bool, Any, Any]
 
 
-def fast_rows(input_ids: torch.Tensor, rows: torch.Tensor, units: Sequence[Unit], *, read_only: bool) -> GroupedDraw:
+def fast_rows(input_ids: torch.Tensor, rows: torch.Tensor, units: Sequence[Unit], *, read_only: bool,
+              records: Sequence[Recorder] | None = None) -> GroupedDraw:
     """The fast path per unit of rows: `(index, row ints, processors, samples, generator, memo)` each.
 
     `rows` is `(rows, vocab)` (float32 and lent read-only when `read_only`); each unit's rows are
-    drawn alone, as a batch of only those rows.
+    drawn alone, as a batch of only those rows. `records`: one recorder per unit, called after each of its
+    processors with the unit's `(n, vocab)` scores (`fast_draw(record=...)`).
     """
     from hfbridge._step.fast.fast_path import fast_draw
 
     result = GroupedDraw(rows.shape[0], rows.device)
-    for index, row_list, processors, samples, generator, memo in units:
+    for number, (index, row_list, processors, samples, generator, memo) in enumerate(units):
+        record = None if records is None else records[number]
         if len(row_list) == rows.shape[0]:  # every row, in order (rows of equal values, or one draw for the batch)
             part_rows, ids, lent = rows, input_ids, read_only
             if not lent:
@@ -158,11 +162,13 @@ def fast_rows(input_ids: torch.Tensor, rows: torch.Tensor, units: Sequence[Unit]
             ids = input_ids.index_select(0, index)  # [n, T]
             part_rows, lent = rows.index_select(0, index).to(torch.float32), False  # [n, V], a private copy
         if samples:
-            drawn = fast_draw(ids, part_rows, processors, generator, memo=memo, read_only=lent)
+            drawn = fast_draw(ids, part_rows, processors, generator, memo=memo, read_only=lent, record=record)
             result.add(index, drawn.tokens, drawn.valid if drawn.known_valid is None else drawn.known_valid, drawn,
                        drawn.known_valid)
         else:
-            scores = processors(ids, part_rows if not lent else part_rows.clone())  # [n, V]
+            scores = part_rows if not lent else part_rows.clone()  # [n, V]
+            scores = processors(ids, scores) if record is None else \
+                CheckedProcessorList(processors).run(cast(torch.LongTensor, ids), scores, record=record)
             tokens, best = greedy_choice(scores)
             result.add(index, tokens, best > float("-inf"), scores, None)
     return result

@@ -174,11 +174,12 @@ class Phases:
         self.invalid = invalid
         return tokens
 
-    def step(self, input_ids: torch.Tensor, rows: torch.Tensor) -> StepResult:
+    def step(self, input_ids: torch.Tensor, rows: torch.Tensor, traces: dict[int, list] | None = None) -> StepResult:
         """`Sampler.step` for each part, merged: the tokens, the scores (None when a part keeps none: the
-        fast path), the rows with nothing to choose, and an `explain` that raises the first part's error."""
+        fast path), the rows with nothing to choose, and an `explain` that raises the first part's error.
+        `traces`: filled with each row's `[(processor, (vocab,) scores after it)]`, recorded by its phase's step."""
         if self.without_read:
-            return self._step_on_device(input_ids, rows)
+            return self._step_on_device(input_ids, rows, traces)
         tokens: torch.Tensor | None = None
         scores: torch.Tensor | None = None
         invalid: torch.Tensor | None = None
@@ -186,15 +187,19 @@ class Phases:
         kept = True
         results = []
         for sampler, picked, _ in self.parts(input_ids):
+            trace: list | None = None if traces is None else []
             if picked is None:
                 sampler.row_numbers = None
-                result = sampler.step(input_ids, rows, route=sampler.route(keep_raw=True))  # scores kept: no argmax
+                result = sampler.step(input_ids, rows, route=sampler.route(keep_raw=True),  # scores kept: no argmax
+                                      record=trace)
                 index = None
             else:
                 index = torch.tensor(picked, dtype=torch.long, device=rows.device)
                 sampler.row_numbers = (rows.shape[0], index)
                 result = sampler.step(input_ids.index_select(0, index), rows.index_select(0, index),
-                                      route=sampler.route(keep_raw=True))
+                                      route=sampler.route(keep_raw=True), record=trace)
+            if traces is not None and trace is not None:
+                _traced(traces, trace, list(range(rows.shape[0])) if picked is None else picked)
             results.append((index, result))
         count = rows.shape[0]
         for index, result in results:
@@ -218,7 +223,8 @@ class Phases:
 
         return StepResult(tokens, scores if kept else None, invalid, explain if invalid is not None else None)
 
-    def _step_on_device(self, input_ids: torch.Tensor, rows: torch.Tensor) -> StepResult:
+    def _step_on_device(self, input_ids: torch.Tensor, rows: torch.Tensor, traces: dict[int, list] | None = None
+                        ) -> StepResult:
         """Both (greedy) phases on each unit's rows, each row's token, scores and validity taken from its phase's
         with `torch.where`: no host read (`without_read`)."""
         self._check_count(rows.shape[0])
@@ -237,8 +243,14 @@ class Phases:
             for sampler in unit.samplers:
                 sampler.row_numbers = None if index is None else (count, index)
             # each its own float32 copy, kept: both phases' processed scores, even where one has nothing to process
-            answering, thinking = (sampler.step(ids, part, scores=part.to(torch.float32, copy=True))
-                                   for sampler in unit.samplers)
+            recorded: tuple[list, list] = ([], [])
+            answering, thinking = (sampler.step(ids, part, scores=part.to(torch.float32, copy=True),
+                                                record=None if traces is None else recorded[phase])
+                                   for phase, sampler in enumerate(unit.samplers))
+            if traces is not None:  # each row's own phase's record (a host read: explaining only)
+                members = list(range(count)) if unit.rows is None else unit.rows
+                for local, (row, inside_row) in enumerate(zip(members, flag.tolist())):
+                    traces[row] = [(processor, scores[local]) for processor, scores in recorded[int(inside_row)]]
             assert answering.scores is not None and thinking.scores is not None  # greedy: exact, scores kept
             chosen = torch.where(flag, thinking.tokens, answering.tokens)
             kept = torch.where(flag[:, None], thinking.scores, answering.scores)
@@ -275,23 +287,26 @@ class Phases:
 
     def explain(self, input_ids: torch.Tensor, rows: torch.Tensor
                 ) -> tuple[dict[int, list[tuple[Any, torch.Tensor]]], torch.Tensor, list[bool], dict[int, bool]]:
-        """`Sampler.explain` for each part: `(each row's [(processor, (vocab,) scores after it)], (rows,) tokens,
-        each row's phase, each row's do_sample)`."""
-        count = rows.shape[0]
+        """`step` recorded: `(each row's [(processor, (vocab,) scores after it)], (rows,) tokens, each row's phase,
+        each row's do_sample)`, the errors of rows left with nothing to choose raised at once."""
         traces: dict[int, list[tuple[Any, torch.Tensor]]] = {}
-        samples: dict[int, bool] = {}
-        tokens: torch.Tensor | None = None
-        for sampler, picked, _ in self.parts(input_ids):
-            members = list(range(count)) if picked is None else picked
-            index = torch.tensor(members, dtype=torch.long, device=rows.device)
-            sampler.row_numbers = (count, index)
-            outputs, part = sampler.explain(input_ids.index_select(0, index), rows.index_select(0, index))
-            tokens = _merged(tokens, index, part, count)
-            for local, row in enumerate(members):
-                traces[row] = [(processor, scores[local]) for processor, scores in outputs]
-                samples[row] = bool(sampler.do_sample)
-        assert tokens is not None and self.last is not None
-        return traces, tokens, self.last, samples
+        result = self.step(input_ids, rows, traces)
+        if result.invalid is not None and result.explain is not None and bool(invalid_flags(result.invalid).any()):
+            result.explain()
+        for sampler in self.samplers():  # the fast samplers' flags, read: the step's errors raised, let go
+            sampler.check_rows()
+        phases = self.last if self.last is not None else [bool(flag) for flag in self.inside(input_ids).tolist()]
+        samples = {}
+        for unit in self.units:
+            for row in (range(rows.shape[0]) if unit.rows is None else unit.rows):
+                samples[row] = bool(unit.samplers[int(phases[row])].do_sample)
+        return traces, result.tokens, phases, samples
+
+
+def _traced(traces: dict[int, list], trace: list, members: list[int]) -> None:
+    """A part's record, `[(processor, (n, vocab) scores)]` for its rows `members`, as each row's own."""
+    for local, row in enumerate(members):
+        traces[row] = [(processor, scores[local]) for processor, scores in trace]
 
 
 def _flag(sampler: Any) -> torch.Tensor | None:

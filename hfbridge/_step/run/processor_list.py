@@ -26,7 +26,9 @@ from transformers import LogitsProcessorList
 
 from hfbridge._step.plan.processor_repr import processor_list_html, processor_list_repr
 
-__all__ = ["BadProcessorOutput", "CheckedProcessorList", "check_processor_output", "processor_name"]
+__all__ = ["BadProcessorOutput", "CheckedProcessorList", "Recorder", "check_processor_output", "processor_name"]
+
+Recorder = Callable[[Any, torch.Tensor], None]  # (processor, (rows, vocab) scores after it), once per processor
 
 
 class BadProcessorOutput(Exception):
@@ -54,12 +56,20 @@ class CheckedProcessorList(LogitsProcessorList):
     """
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.run(input_ids, scores, **kwargs)
+
+    def run(self, input_ids: torch.LongTensor, scores: torch.Tensor, *, record: Recorder | None = None,
+            **kwargs: Any) -> torch.Tensor:
+        """The list's call; `record(processor, scores)` after each processor, with a copy of its output (later
+        processors may write into theirs): `Sampler.step(record=...)` and `explain_step` read the step so."""
         for index, processor in enumerate(self):
             if _takes_scores_only(processor):  # what HF's list does with it, without its `inspect.signature`
                 output = processor(input_ids, scores)
             else:  # HF's own call for one processor: it decides which keyword arguments the processor takes
                 output = LogitsProcessorList.__call__([processor], input_ids, scores, **kwargs)  # type: ignore[arg-type]
             scores = check_processor_output(processor, scores, output, index=index)
+            if record is not None:
+                record(processor, scores.clone())  # [N, V]
         return scores
 
     def __repr__(self) -> str:

@@ -6,6 +6,7 @@ The stages, in order (names follow gpt-fast's one-verb-per-stage habit):
 `sample_step` (`_step/run/sample_step.py`) is the same in one call.
 """
 
+
 from __future__ import annotations
 
 import copy
@@ -16,32 +17,31 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from hfbridge._step.checks.caller_inputs import extract_logits, keeps_ids_intact
-from hfbridge._step.checks.option_checks import (
-    TOKEN_ID_OPTIONS,
-    check_flag,
-    check_token_ids_in_vocab,
-    per_row_from_config,
-)
+from hfbridge._step.checks.option_checks import TOKEN_ID_OPTIONS
 from hfbridge._step.checks.step_errors import at_step, processors_stage
-from hfbridge._step.plan.build_processors import make_generation_config, processors_for_config
 from hfbridge._step.plan.guidance_processor import checked_unconditional
 from hfbridge._step.plan.option_docs import fill_options
 from hfbridge._step.plan.padded_vocab import tokenizer_size
-from hfbridge._step.plan.per_row import PerRowValues, split_per_row
-from hfbridge._step.plan.phase_options import check_thinking_options
+from hfbridge._step.plan.per_row import PerRowValues
+from hfbridge._step.run import sampler_choice as choice
+from hfbridge._step.run import sampler_state as state
 from hfbridge._step.run.cpu_shortcuts import greedy_choice
 from hfbridge._step.run.layout import Layout, LayoutLike, from_rows
 from hfbridge._step.run.per_row_draw import Generators, RowState, check_generators
 from hfbridge._step.run.phases import Phases, phases_of
-from hfbridge._step.run.processor_list import CheckedProcessorList
+from hfbridge._step.run.processor_list import Recorder
 from hfbridge._step.run.route import Route, decide_route
-from hfbridge._step.run.sampler_choice import StepChoice
-from hfbridge._step.run.sampler_rows import StepInputs
-from hfbridge._step.run.sampler_state import SamplerState, StepResult, first_warper
+from hfbridge._step.run.sampler_chain import ChainInputs, build_chain, check_arguments, resolve_options
+from hfbridge._step.run.sampler_rows import StepInputs, float_copy
+from hfbridge._step.run.sampler_state import StepResult, first_warper
 from hfbridge.processors._cpu_side import owned_scores
 
+__all__ = ["Sampler", "StepResult", "extract_logits"]
 
-class Sampler(StepChoice, SamplerState, StepInputs):
+Trace = list[tuple[Any, torch.Tensor]]  # (processor, (rows, vocab) scores after it), in the chain's order
+
+
+class Sampler:
     """HF's decoding step built once and applied to many steps.
 
     Args:
@@ -96,37 +96,23 @@ class Sampler(StepChoice, SamplerState, StepInputs):
     torch.Size([1])
     """
 
-    def __init__(
-        self,
-        generation_config: GenerationConfig | None = None,
-        *,
-        processors: Iterable[Callable] | None = None,
-        layout: LayoutLike = None,
-        vocab_size: int | None = None,
-        do_sample: bool | None = None,
-        generator: torch.Generator | Sequence[torch.Generator] | None = None,
-        prompt_length: int | None = None,
-        attention_mask: torch.Tensor | None = None,
-        fast: bool = False,
-        prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
-        unconditional: Callable[[torch.Tensor], Any] | None = None,
-        tokenizer: Any = None,
-        thinking_options: Mapping[str, Any] | None = None,
-        **generation_kwargs: Any,
-    ):
-        thinking = check_thinking_options(thinking_options)  # by name, before any work
-        # one value per row in a passed config rides the same per-row groups as the keyword
-        generation_kwargs = per_row_from_config(generation_config, generation_kwargs)
-        generation_kwargs, per_row = split_per_row(generation_kwargs)  # one value per row: `_per_row.py`
-        config = make_generation_config(generation_config, do_sample=do_sample, prompt_length=prompt_length,
-                                        phased=thinking is not None, **generation_kwargs)
+    row_numbers: tuple[int, torch.Tensor] | None = None  # a phase's rows: (the batch's rows, (n,) its rows among them)
+
+    def __init__(self, generation_config: GenerationConfig | None = None, *,
+                 processors: Iterable[Callable] | None = None, layout: LayoutLike = None,
+                 vocab_size: int | None = None, do_sample: bool | None = None,
+                 generator: torch.Generator | Sequence[torch.Generator] | None = None,
+                 prompt_length: int | None = None, attention_mask: torch.Tensor | None = None, fast: bool = False,
+                 prefix_allowed_tokens_fn: Callable[[int, torch.Tensor], Any] | None = None,
+                 unconditional: Callable[[torch.Tensor], Any] | None = None, tokenizer: Any = None,
+                 thinking_options: Mapping[str, Any] | None = None, **generation_kwargs: Any):
+        # the options from every source, checked and prepared once (`sampler_chain.resolve_options`)
+        config, per_row, thinking, prepare_phase = resolve_options(generation_config, do_sample, prompt_length,
+                                                                   thinking_options, generation_kwargs)
         self._setup(config, processors=processors, layout=layout, vocab_size=vocab_size, generator=generator,
                     prompt_length=prompt_length, attention_mask=attention_mask, fast=fast,
                     prefix_allowed_tokens_fn=prefix_allowed_tokens_fn, unconditional=unconditional,
-                    tokenizer=tokenizer, per_row=per_row, thinking_options=thinking,
-                    prepare_phase=lambda options: make_generation_config(
-                        generation_config, do_sample=options.pop("do_sample", do_sample), prompt_length=prompt_length,
-                        phased=True, **{**generation_kwargs, **options}))
+                    tokenizer=tokenizer, per_row=per_row, thinking_options=thinking, prepare_phase=prepare_phase)
 
     @classmethod
     def from_prepared(cls, generation_config: GenerationConfig, **options: Any) -> Sampler:
@@ -147,43 +133,26 @@ class Sampler(StepChoice, SamplerState, StepInputs):
                tokenizer: Any = None, per_row: PerRowValues | None = None,
                vocab_from_tokenizer: bool = True, thinking_options: dict[str, Any] | None = None,
                prepare_phase: Callable[[dict[str, Any]], GenerationConfig] | None = None) -> None:
-        if vocab_size is not None and (
-            not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1
-        ):
-            raise ValueError(f"`vocab_size` must be a positive int, got {vocab_size!r}.")
-        check_flag("fast", fast, optional=False)
+        check_arguments(vocab_size, fast, attention_mask)
         self._setup_generator(generator)
-        if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.ndim != 2):
-            is_tensor = isinstance(attention_mask, torch.Tensor)
-            got = tuple(attention_mask.shape) if is_tensor else type(attention_mask).__name__
-            raise ValueError(f"`attention_mask` must be a (batch, seq) tensor, got {got}.")
-        self.layout = Layout(layout) if isinstance(layout, str) else layout
-        self._layouts: dict[tuple[str | None, int], Layout] = {}  # parsed layouts by (pattern, number of axes)
-        self._known_call: tuple | None = None  # `prepare`'s last checked call
-        self.vocab_size = vocab_size
-        # No `vocab_size`: the columns past the tokenizer's ids are padding (`_step/plan/padded_vocab.py`)
-        self._tokenizer_vocab = tokenizer_size(tokenizer) if vocab_size is None and vocab_from_tokenizer else None
-        self.prompt_length = prompt_length
-        self.fast = bool(fast)
-        self._plan = per_row.plan(config) if per_row is not None else None  # may turn do_sample off: all greedy
-        if self._plan is not None and len(self._plan.groups) == 1:
-            self._plan = None  # every row has the same values: the scalar step, exactly (rows still checked)
-        self._rows = RowState(per_row, self._plan)
-        self.generation_config = config
-        self.do_sample = bool(config.do_sample)
-        self._user_processors = processors
-        self._prefix_allowed_tokens_fn = prefix_allowed_tokens_fn
-        # guidance_scale's logits (`_step/plan/guidance_processor.py`)
-        self._unconditional = checked_unconditional(unconditional)
-        self._attention_mask = attention_mask
+        # the caller's rows: the layout, the vocabulary (no `vocab_size`: columns past the tokenizer's ids are
+        # padding, `_step/plan/padded_vocab.py`), the token ids in the options checked against its width
+        self._inputs = StepInputs(Layout(layout) if isinstance(layout, str) else layout, vocab_size,
+                                  tokenizer_size(tokenizer) if vocab_size is None and vocab_from_tokenizer else None,
+                                  {name: getattr(config, name, None) for name in TOKEN_ID_OPTIONS})
+        self.prompt_length, self.fast = prompt_length, bool(fast)
+        plan = per_row.plan(config) if per_row is not None else None  # may turn do_sample off: all greedy
+        # every row with the same values: the scalar step, exactly (rows still checked)
+        self._rows = RowState(per_row, plan if plan is not None and len(plan.groups) > 1 else None)
+        self.generation_config, self.do_sample = config, bool(config.do_sample)
+        self._user_processors, self._prefix_allowed_tokens_fn = processors, prefix_allowed_tokens_fn
+        self._unconditional = checked_unconditional(unconditional)  # guidance_scale's logits
         self._tokenizer = tokenizer  # DRY's string breakers
-        # Token ids in the options, checked against the vocabulary once its width is known (first step).
-        self._token_options = {name: getattr(config, name, None) for name in TOKEN_ID_OPTIONS}
-        self._vocab_checked: int | None = None
+        self._chain = ChainInputs(processors, prompt_length, attention_mask, prefix_allowed_tokens_fn,
+                                  self._unconditional, tokenizer)
         self._device = attention_mask.device if attention_mask is not None else torch.device("cpu")
         self._processors = self._build(self._device)
-        self._fast_valid: torch.Tensor | bool | None = None  # [N] bool (or one row's, known): `invalid_rows`
-        self._last_fast: tuple[Any, torch.Tensor] | None = None  # (FastDraw, raw rows) for the error
+        self._flags = choice.FastFlags()  # the last fast step's rows with nothing to choose: `invalid_rows`
         self._fast_memo: dict[str, Any] = {}  # what the fast path learnt from the last step
         self._batch_rows = 1  # the rows of the last step (`rollback` with one length for every row)
         self._phases: Phases | None = None  # `thinking_options`: a sampler per phase (`_step/run/phases.py`)
@@ -204,6 +173,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
                              "(its phases' samplers hold theirs): build a new Sampler with `generator=`.")
         copied = copy.copy(self)
         copied._setup_generator(generator)
+        copied._inputs = copy.copy(self._inputs)  # its own layout and last call
         copied._rows = copy.copy(self._rows)
         copied._rows.copies = {}  # a copy per row of a stateful processor belongs to one generator list
         return copied
@@ -213,25 +183,28 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         self.generator = generator
         self._generator_fits: tuple[Any, torch.device] | None = None  # checked last, see `_check_generator`
 
-    def _build(self, device: torch.device) -> LogitsProcessorList:
-        mask = self._attention_mask.to(device) if self._attention_mask is not None else None
-        def build(config: GenerationConfig) -> LogitsProcessorList:
-            return processors_for_config(config, processors=self._user_processors, prompt_length=self.prompt_length,
-                                         attention_mask=mask, device=device,
-                                         prefix_allowed_tokens_fn=self._prefix_allowed_tokens_fn,
-                                         unconditional=self._unconditional,
-                                         rows=lambda output: self.last_rows(extract_logits(output)),
-                                         tokenizer=self._tokenizer, generator=self.generator)
+    def _check_generator(self, device: torch.device) -> None:
+        """The generator (or each of a list) on the logits' device; checked once per generator and device."""
+        fits = self._generator_fits
+        if self.generator is None or (fits is not None and fits[0] is self.generator and fits[1] == device):
+            return  # checked at the last step (twice a step in exact sampling: `prepare` and `choose`)
+        choice.check_generator(self.generator, device)
+        self._generator_fits = (self.generator, device)
 
-        processors = build(self.generation_config)
-        if self._plan is not None:  # HF's list per group of rows, merged (`_per_row.RowPlan.build`)
-            processors = CheckedProcessorList(self._plan.build(processors, build, device))
-        if self.fast and isinstance(self.generator, (list, tuple)):  # each row drawn alone: its own state too
-            processors = CheckedProcessorList(self._rows.per_row_copies(list(processors), len(self.generator)))
-        self._ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
+    def _build(self, device: torch.device) -> LogitsProcessorList:
+        processors = build_chain(self.generation_config, self._chain, device=device, generator=self.generator,
+                                 row_state=self._rows, fast=self.fast,
+                                 rows=lambda output: self.last_rows(extract_logits(output)))
+        self._inputs.ids_copied = not keeps_ids_intact(processors)  # see `input_rows`
         # the fast path per group: the places before the first warper run once on the whole batch
         self._head_length = first_warper(processors)
         return processors
+
+    layout = property(lambda self: self._inputs.layout, lambda self, value: setattr(self._inputs, "layout", value),
+                      doc="The logits' layout: a `Layout`, a pattern, or None (the default for their number of axes).")
+    vocab_size = property(lambda self: self._inputs.vocab_size, doc="The real vocabulary (`vocab_size=`), or None.")
+    _known_call = property(lambda self: self._inputs.known_call)  # `prepare`'s last checked call
+    _last_fast = property(lambda self: self._flags.last)  # the last fast draw and its rows, for the error
 
     @property
     def phased(self) -> bool:
@@ -257,6 +230,40 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         # check=True: a call on its own has no later host read to fold the fast path's flag into
         tokens = self.next_tokens(ids, view, check=True)  # [N]
         return tokens if len(batch_shape) == 1 else from_rows(tokens, batch_shape)
+
+    def prepare(self, logits: Any, input_ids: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """Check a step's arguments and flatten them: `(rows, ids, batch_shape)`: the last-position `(rows, vocab)`
+        view of the logits (read it, never write it), `(rows, seq)` int64 ids, the layout's batch axes."""
+        return self._inputs.prepare(logits, input_ids, check_generator=self._check_generator)
+
+    def layout_of(self, logits: torch.Tensor) -> Layout:
+        """The sampler's layout, or the default one for `logits.ndim`."""
+        return self._inputs.layout_of(logits)
+
+    def last_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """The last-position `(rows, vocab)` logits, padded vocabulary dropped: a view, no copy."""
+        return self._inputs.last_rows(logits)
+
+    def vocab_limit(self, columns: int) -> int | None:
+        """How many of `columns` vocabulary columns a step keeps (None: all), `vocab_size` or the tokenizer's size."""
+        return self._inputs.vocab_limit(columns)
+
+    def rows(self, logits: Any) -> torch.Tensor:
+        """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.
+
+        Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
+        """
+        rows, bad = self._inputs.rows(logits, nan_allowed=self.generation_config.remove_invalid_values)
+        if bad is not None:  # HF's InfNanRemoveLogitsProcessor turns NaN into 0: only without it
+            raise self._rows_error(bad, rows, rows)
+        return rows
+
+    def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
+                   *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """`input_ids` as `(rows, seq)` int64 (a private copy where a processor could write them), checked against
+        the `(rows, vocab)` logits rows (or just their number); `batch_shape`: the logits' batch shape."""
+        return self._inputs.input_rows(input_ids, rows, batch_shape=batch_shape, device=self._device)
 
     def route(self, *, keep_scores: bool = False, keep_raw: bool = False) -> Route:
         """The way this sampler's steps go: plain argmax, greedy, exact or fast (decided here, nowhere else).
@@ -291,7 +298,7 @@ class Sampler(StepChoice, SamplerState, StepInputs):
     def step(self, input_ids: torch.Tensor, rows: torch.Tensor, *, scores: torch.Tensor | None = None,
              route: Route | None = None, defer: bool = True,
              greedy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = greedy_choice,
-             at: int | None = None) -> StepResult:
+             at: int | None = None, record: Recorder | Trace | None = None) -> StepResult:
         """The one step every host runs: the processors, then the choice, on the route `route` decides.
 
         Args:
@@ -304,6 +311,9 @@ class Sampler(StepChoice, SamplerState, StepInputs):
                 no host read); False raises exact mode's error for them at once (greedy).
             greedy: The argmax (`greedy_choice`, or a loop's accelerator route).
             at: `generate`'s step number: its errors then name it as `generate` does.
+            record: `record(processor, scores)` after each processor of the chain, in order, with a copy of the
+                `(rows, vocab)` scores it left, as this very step computes them (fast path included: what the
+                draw reads); or a list, to which the pairs are appended. `explain` is this step recorded.
 
         >>> result = Sampler(top_k=1, do_sample=True).step(None, torch.tensor([[0.0, 3.0, 1.0]]))
         >>> result.tokens.tolist(), result.invalid
@@ -311,43 +321,51 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         """
         processors = self._checked_processors(rows)
         if self._phases is not None:  # each row's phase, its own sampler's step (`_step/run/phases.py`)
+            if record is not None:
+                raise ValueError("a Sampler with `thinking_options` records each row's phase: call `explain_phases`.")
             phases = self._phases
             return at_step(at, lambda: phases.step(input_ids, rows))
+        recorder = _appender(record) if isinstance(record, list) else record  # a pair per processor
         if route is None:
             route = self.route(keep_scores=scores is not None)
         if route is Route.ARGMAX:  # HF's argmax straight off the logits: no copy, nothing to process
             tokens, best = greedy(rows)  # [N], [N]: the best score is the validity check too
             return self._greedy_result(tokens, best, rows, None, defer)
         if route is Route.FAST:
-            tokens = self._fast_tokens(input_ids, rows, processors) if at is None else \
-                processors_stage(at, lambda: self._fast_tokens(input_ids, rows, processors))
-            if self._last_fast is None:  # valid, known without a read
+            tokens = self._fast_tokens(input_ids, rows, processors, recorder) if at is None else \
+                processors_stage(at, lambda: self._fast_tokens(input_ids, rows, processors, recorder))
+            if self._flags.last is None:  # valid, known without a read
                 return StepResult(tokens, None, None, None)
             return StepResult(tokens, None, self.invalid_rows, lambda: self.check_rows(True))
         ids = cast(torch.LongTensor, input_ids)
         if scores is None:  # the step's own copy: processors may write into it
             with owned_scores():
-                scores = processors(ids, self._float_copy(rows)) if at is None else \
-                    processors_stage(at, lambda: processors(ids, self._float_copy(rows)))  # [N, V]
+                scores = processors.run(ids, float_copy(rows), record=recorder) if at is None else \
+                    processors_stage(at, lambda: processors.run(ids, float_copy(rows), record=recorder))  # [N, V]
         else:  # the caller keeps this very tensor (HF's raw logits)
             kept = scores
-            scores = processors(ids, kept) if at is None else processors_stage(at, lambda: processors(ids, kept))
+            scores = processors.run(ids, kept, record=recorder) if at is None else \
+                processors_stage(at, lambda: processors.run(ids, kept, record=recorder))
         processed = scores
         if route is Route.EXACT:  # torch.multinomial reads its input: checked at once
             return StepResult(at_step(at, lambda: self.choose(processed, raw=rows)), scores, None, None)
         tokens, best = greedy(scores)  # [N], [N]
         return self._greedy_result(tokens, best, rows, scores, defer)
 
-    def _checked_processors(self, rows: torch.Tensor) -> LogitsProcessorList:
+    def _checked_processors(self, rows: torch.Tensor) -> Any:
         """The chain on the rows' device, the token options checked against their vocabulary, their count
         against per-row values and generators."""
-        vocab, batch = rows.shape[-1], rows.shape[0]
-        if vocab != self._vocab_checked:
-            self._check_vocab(vocab)
+        self._inputs.check_vocab(rows.shape[-1])
         processors = self._processors_on(rows.device)
-        self._check_rows_per_row(batch)
-        self._batch_rows = batch
+        self._rows.check(rows.shape[0], self.generator)
+        self._batch_rows = rows.shape[0]
         return processors
+
+    def _processors_on(self, device: torch.device) -> Any:
+        if device != self._device:
+            self._device = device
+            self._processors = self._build(device)
+        return self._processors
 
     def _greedy_result(self, tokens: torch.Tensor, best: torch.Tensor, rows: torch.Tensor,
                        scores: torch.Tensor | None, defer: bool) -> StepResult:
@@ -358,18 +376,13 @@ class Sampler(StepChoice, SamplerState, StepInputs):
             return StepResult(tokens, scores, None, None)
         return StepResult(tokens, scores, best, lambda: self.explain_invalid(~(best > _NEG_INF), rows, chosen))
 
-    @property
-    def _one_generator(self) -> torch.Generator | None:
-        return self.generator if isinstance(self.generator, torch.Generator) else None  # a list is drawn per row
-
-    def _check_rows_per_row(self, rows: int) -> None:
-        self._rows.check(rows, self.generator)
-
-    def _processors_on(self, device: torch.device) -> LogitsProcessorList:
-        if device != self._device:
-            self._device = device
-            self._processors = self._build(device)
-        return self._processors
+    def _fast_tokens(self, input_ids: torch.Tensor, rows: torch.Tensor, processors: Any,
+                     record: Recorder | None) -> torch.Tensor:
+        """The fused path's tokens; the rows' validity kept for `invalid_rows` / `check_rows` (no host read)."""
+        result = choice.fast_step(input_ids, rows, processors, generator=self.generator, row_state=self._rows,
+                                  head_length=self._head_length, memo=self._fast_memo, record=record)
+        self._flags.keep(result, rows)
+        return result.tokens
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Run the processors (HF's order) on `(rows, vocab)` float32 scores, which HF's processors may modify.
@@ -378,22 +391,133 @@ class Sampler(StepChoice, SamplerState, StepInputs):
         very tensor as the step's raw logits; they write in place only into the step's private copy
         (`next_tokens`).
         """
-        if scores.shape[-1] != self._vocab_checked:
-            self._check_vocab(scores.shape[-1])
-        self._check_rows_per_row(scores.shape[0])
-        self._batch_rows = scores.shape[0]
+        processors = self._checked_processors(scores)
         if self._phases is not None:
             raise ValueError("a Sampler with `thinking_options` chooses each row with its phase's processors: "
                              "call `step` or `next_tokens`, not `process`.")
-        return self._processors_on(scores.device)(cast(torch.LongTensor, input_ids), scores)  # [N, V]
+        return processors(cast(torch.LongTensor, input_ids), scores)  # [N, V]
 
-    def _check_vocab(self, vocab: int) -> None:
-        """Token ids in the options must lie in `[0, vocab)`; callers skip it for the width checked last."""
-        check_token_ids_in_vocab(self._token_options, vocab)
-        self._vocab_checked = vocab
+    def choose(self, scores: torch.Tensor, *, raw: torch.Tensor | None = None) -> torch.Tensor:
+        """HF's draw: `softmax` then `torch.multinomial(num_samples=1)` (per-row groups: each group's own, a
+        temperature of 0 greedy); the sampling step's choice (`step` takes the argmax itself).
+
+        Raises `ValueError` for a row with nothing left to choose (all -inf, or NaN), or with +inf;
+        `raw`, the logits before processing, tells the model's NaN or +inf apart from the processors'.
+        """
+        self._check_generator(scores.device)
+        return choice.choose(scores, generator=self.generator, rows=self._rows, do_sample=self.do_sample,
+                             error=lambda bad, chosen: self._rows_error(bad, chosen if raw is None else raw, chosen))
+
+    def _check_best(self, best: torch.Tensor, scores: torch.Tensor, raw: torch.Tensor | None) -> None:
+        """One host read: is every row's best score finite (or +inf when greedy, HF's argmax)?"""
+        bad = choice.invalid_best(best, self.do_sample)
+        if bad is not None:
+            raise self._rows_error(bad, scores if raw is None else raw, scores)
+
+    def _rows_error(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None) -> ValueError:
+        return choice.bad_rows_error(bad, raw, scores, processors=self._processors, do_sample=self.do_sample,
+                                     row_numbers=self.row_numbers)
+
+    def explain_invalid(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+        """Raise exact mode's `ValueError` for the rows `bad` (`(rows,)` bool) left with nothing to choose:
+        NaN or +inf in the model's logits `raw` (sampling), or processors that removed every token."""
+        raise self._rows_error(bad, raw, scores)
+
+    @property
+    def invalid_rows(self) -> torch.Tensor | None:
+        """`(rows,)` bool on the logits' device: True for each row the last fast `next_tokens` call
+        could not sample (see `check_rows`); None before such a call. Reading it makes no host read."""
+        return self._phases.invalid if self._phases is not None else self._flags.invalid()  # phases': merged
+
+    def check_rows(self, invalid: bool | None = None) -> None:
+        """Raise exact mode's error if the last fast `next_tokens` call left a row it could not sample.
+
+        The fast path draws without a host-device sync: it leaves `invalid_rows`, True for each row whose final
+        scores hold NaN or `+inf` or nothing above `-inf`. This reads it (`next_tokens` at once on CPU, `__call__`
+        and `sample_step` always; `generate` in its one host read per step) and lets go of the step's scores.
+
+        Args:
+            invalid: `bool(invalid_rows.any())` when the caller has already read it; default None
+                reads it here (one host read).
+
+        Raises:
+            ValueError: exact mode's error for the first invalid row (NaN logits, NaN or `+inf`
+                after the processors, or every token removed), naming the row.
+        """
+        if self._phases is not None:
+            return self._phases.check_rows(invalid)
+        found = self._flags.take(invalid)
+        if found is not None:
+            raise self._rows_error(*found)
+
+    def _stateful(self) -> list[tuple[Any, torch.Tensor | None]]:
+        """`(processor, its rows or None for the whole batch)` for each processor that keeps state per row."""
+        if self._phases is not None:  # the phases' samplers' (the wrapper's own list never runs)
+            return [item for sampler in self._phases.samplers() for item in sampler._stateful()]
+        return state.stateful_of(self._processors, self._rows.copies)
+
+    @property
+    def is_stateful(self) -> bool:
+        """Whether a processor of this sampler keeps state per row (mirostat): loops call `reset`,
+        `reorder` and `rollback` then."""
+        return bool(self._stateful())
+
+    def reset(self) -> None:
+        """Forget every row's state (a new sequence for every row): `sample_step` does this at each call."""
+        for processor, _ in self._stateful():
+            processor.reset()
+
+    def reorder(self, beam_idx: torch.Tensor) -> None:
+        """Row `i` now continues what row `beam_idx[i]` was (HF's beam reorder), for every stateful processor."""
+        state.reorder(self._stateful_unphased("reorder"), beam_idx)
+
+    def rollback(self, lengths: Any) -> None:
+        """Each row now has `lengths[i]` tokens (an int: every row): its state goes back to that point."""
+        found = self._stateful_unphased("rollback")
+        if not isinstance(lengths, torch.Tensor):
+            lengths = torch.full((self._batch_rows,), int(lengths), dtype=torch.long)
+        state.rollback(found, lengths)
+
+    def _stateful_unphased(self, what: str) -> list[tuple[Any, torch.Tensor | None]]:
+        return state.refuse_phases(what) if self._phases is not None else self._stateful()
+
+    def explain(self, input_ids: torch.Tensor, rows: torch.Tensor) -> tuple[Trace, torch.Tensor]:
+        """One step that records what each processor did: `([(processor, (rows, vocab) scores after it)], tokens)`.
+
+        This is `step(..., record=...)`, with the errors of rows left with nothing to choose raised at once: each
+        processor runs once (a stateful one takes one step), the tokens are the step's own (exact or fast, per-row
+        groups and generator lists included), and the recorded scores are what it chose from. `explain_step` is
+        this, shown.
+
+        >>> trace, tokens = Sampler(top_k=1, do_sample=True).explain(None, torch.tensor([[0.0, 3.0, 1.0]]))
+        >>> [type(p).__name__ for p, _ in trace], tokens.tolist()
+        (['TopKLogitsWarper'], [1])
+        """
+        if self._phases is not None:
+            raise ValueError("a Sampler with `thinking_options` runs other processors per phase: call "
+                             "`explain_phases` (explain_step does).")
+        trace: Trace = []
+        result = self.step(input_ids, rows, defer=False, record=trace)
+        if result.explain is not None:  # the fast path's flags, read now
+            self.check_rows()
+        return trace, result.tokens
+
+    def explain_phases(self, input_ids: torch.Tensor, rows: torch.Tensor
+                       ) -> tuple[dict[int, Trace], torch.Tensor, list[bool], dict[int, bool]]:
+        """`explain` with `thinking_options`: the phases' step, each phase's sampler recording its rows; `(each
+        row's [(processor, (vocab,) scores after it)], (rows,) tokens, each row's phase (True: thinking), each
+        row's do_sample)`; `explain_step` shows one row of it."""
+        if self._phases is None:
+            raise ValueError("`explain_phases` needs a Sampler with `thinking_options`; call `explain`.")
+        self._checked_processors(rows)
+        return self._phases.explain(input_ids, rows)
 
 
 Sampler.__doc__ = fill_options(Sampler.__doc__)  # the registry's options, listed in help()
 
 
 _NEG_INF = float("-inf")
+
+
+def _appender(trace: Trace) -> Recorder:
+    return lambda processor, scores: trace.append((processor, scores))

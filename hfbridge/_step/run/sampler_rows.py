@@ -1,51 +1,66 @@
 """The first stages of a `Sampler` step: the caller's logits and ids, checked and flattened to rows.
 
-`prepare` runs both: `last_rows` (extract, layout, vocabulary trim: a view of the caller's logits)
-and `input_rows` (the context ids, checked against those rows); `rows` makes the float32 copy the
-processors work on. `Sampler` (`_step/run/sampler.py`) inherits them and adds the processors and the draw.
+`StepInputs` (one per `Sampler`, which hands it what it needs) runs both in `prepare`: `last_rows` (extract,
+layout, vocabulary trim: a view of the caller's logits) and `input_rows` (the context ids, checked against
+those rows); `float_copy` makes the float32 copy the processors work on. It owns the layout, the vocabulary
+limits and the token options checked against the vocabulary's width.
 
 >>> import torch
->>> from hfbridge._step.run.sampler import Sampler
->>> view, ids, batch = Sampler(vocab_size=2).prepare(torch.zeros(1, 4, 3), torch.tensor([[0, 1, 1, 0]]))
+>>> inputs = StepInputs(None, vocab_size=2)
+>>> view, ids, batch = inputs.prepare(torch.zeros(1, 4, 3), torch.tensor([[0, 1, 1, 0]]))
 >>> tuple(view.shape), tuple(ids.shape), batch
 ((1, 2), (1, 4), (1,))
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
 
 from hfbridge._step.checks.caller_inputs import check_not_meta, extract_logits
+from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.cpu_shortcuts import ids_outside
 from hfbridge._step.run.layout import Layout, LayoutLike, rows_of
 
+__all__ = ["StepInputs", "float_copy"]
+
+
+def float_copy(rows: torch.Tensor) -> torch.Tensor:
+    """`(rows, vocab)` float32 as HF upcasts; a copy, so that in-place processors never reach the caller's tensor."""
+    return rows.to(dtype=torch.float32, copy=True)
+
 
 class StepInputs:
-    """The input stages of a step; `Sampler` provides the attributes and checks declared here."""
+    """The caller's logits and ids, checked and flattened to rows (see the module).
 
-    layout: Layout | LayoutLike
-    _layouts: dict[tuple[str | None, int], Layout]
-    vocab_size: int | None
-    _tokenizer_vocab: int | None  # the tokenizer's size when `vocab_size` is None (`_step/plan/padded_vocab.py`)
-    generation_config: GenerationConfig
-    _vocab_checked: int | None
-    _device: torch.device
-    _ids_copied: bool
-    _known_call: tuple | None  # (signature, layout, batch_shape) of the last call that passed `prepare`'s checks
+    Args:
+        layout: The logits' layout (a `Layout`, a pattern, or None: the default for the number of axes).
+        vocab_size: The real vocabulary (columns past it dropped), or None.
+        tokenizer_vocab: Without `vocab_size`, the tokenizer's size: columns past it are padding.
+        token_options: Token ids of the options (`{name: ids}`), checked against the vocabulary's width.
+    """
 
-    def _check_generator(self, device: torch.device) -> None:
-        raise NotImplementedError
+    def __init__(self, layout: Layout | LayoutLike, vocab_size: int | None = None, tokenizer_vocab: int | None = None,
+                 token_options: Mapping[str, Any] | None = None) -> None:
+        self.layout = layout
+        self.vocab_size = vocab_size
+        self.tokenizer_vocab = tokenizer_vocab
+        self.token_options = dict(token_options or {})
+        self.layouts: dict[tuple[str | None, int], Layout] = {}  # parsed layouts by (pattern, number of axes)
+        self.known_call: tuple | None = None  # (signature, layout, batch_shape) of the last call `prepare` passed
+        self.vocab_checked: int | None = None  # the width the token options were last checked against
+        self.ids_copied = True  # the step's ids are a private copy (False: no processor could write them)
 
-    def _check_vocab(self, vocab: int) -> None:
-        raise NotImplementedError
+    def check_vocab(self, vocab: int) -> None:
+        """Token ids in the options must lie in `[0, vocab)`; checked once per width."""
+        if vocab != self.vocab_checked:
+            check_token_ids_in_vocab(self.token_options, vocab)
+            self.vocab_checked = vocab
 
-    def _raise_bad_rows(self, bad: torch.Tensor, raw: torch.Tensor, scores: torch.Tensor | None = None) -> None:
-        raise NotImplementedError
-
-    def prepare(self, logits: Any, input_ids: torch.Tensor | None = None
+    def prepare(self, logits: Any, input_ids: torch.Tensor | None = None, *,
+                check_generator: Callable[[torch.device], None] = lambda device: None
                 ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """Check a step's arguments and flatten them: `(rows, ids, batch_shape)`.
 
@@ -56,24 +71,24 @@ class StepInputs:
 
         Tensors with the last call's shapes, dtypes and devices skip the checks that only those decide
         (the layout, the axes, the ids' batch): a loop's steps differ in the ids' values and length only,
-        and those are checked every time.
+        and those are checked every time. `check_generator(device)` raises unless the generator fits the
+        logits' device.
         """
         if type(logits) is torch.Tensor and type(input_ids) is torch.Tensor:
             signature = (self.layout, logits.shape, logits.dtype, logits.device, input_ids.shape[:-1],
                          input_ids.ndim, input_ids.dtype, input_ids.device)
-            known = self._known_call
+            known = self.known_call
             if known is not None and known[0] == signature:
                 _, layout, batch_shape = known
-                self._check_generator(logits.device)  # a generator set since then (`with_generator` copies)
+                check_generator(logits.device)  # a generator set since then (`with_generator` copies)
                 view = self._last_rows(logits, layout)  # [N, V], the caller's memory
                 vocab = view.shape[1]
-                if vocab != self._vocab_checked:
-                    self._check_vocab(vocab)
+                self.check_vocab(vocab)
                 return view, self._step_ids(rows_of(input_ids, batch_shape), vocab), batch_shape
         else:
             signature = None
         logits = extract_logits(logits)
-        self._check_generator(logits.device)
+        check_generator(logits.device)
         check_not_meta(logits)
         layout = self.layout_of(logits)
         layout.check(logits)
@@ -81,7 +96,7 @@ class StepInputs:
         view = self._last_rows(logits, layout)  # [N, V], the caller's memory
         ids = self.input_rows(input_ids, view, batch_shape=batch_shape)
         if signature is not None:  # every check passed: the same signature needs only the ids' values next time
-            self._known_call = (signature, layout, batch_shape)
+            self.known_call = (signature, layout, batch_shape)
         return view, ids, batch_shape
 
     def layout_of(self, logits: torch.Tensor) -> Layout:
@@ -89,10 +104,10 @@ class StepInputs:
         if isinstance(self.layout, Layout):
             return self.layout
         key = (self.layout, logits.ndim)  # the pattern too: `layout` may be set again after a step
-        layout = self._layouts.get(key)
+        layout = self.layouts.get(key)
         if layout is None:
             layout = Layout.for_tensor(logits, self.layout)
-            self._layouts[key] = layout
+            self.layouts[key] = layout
         return layout
 
     def last_rows(self, logits: torch.Tensor) -> torch.Tensor:
@@ -108,23 +123,19 @@ class StepInputs:
         """How many of `columns` vocabulary columns a step keeps (None: all), `vocab_size` or the tokenizer's size."""
         if self.vocab_size is not None:
             return self.vocab_size
-        known = self._tokenizer_vocab
+        known = self.tokenizer_vocab
         return known if known is not None and columns > known else None
 
-    def rows(self, logits: Any) -> torch.Tensor:
-        """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped.
-
-        Raises `ValueError` for a layout that does not fit, too few columns for `vocab_size`, or NaN.
-        """
+    def rows(self, logits: Any, *, nan_allowed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A float32 copy of the last-position logits as `(rows, vocab)`, padded vocabulary dropped, and the
+        `(rows,)` bool NaN rows, None when there are none or `nan_allowed` (HF's `remove_invalid_values`)."""
         logits = extract_logits(logits)
         check_not_meta(logits)
-        rows = self._float_copy(self.last_rows(logits))
-        if self.generation_config.remove_invalid_values:
-            return rows  # HF's InfNanRemoveLogitsProcessor turns NaN into 0: the processed scores are checked
+        rows = float_copy(self.last_rows(logits))
+        if nan_allowed:
+            return rows, None
         bad = torch.isnan(rows.amax(dim=-1))  # amax propagates NaN: one pass finds NaN rows
-        if bool(bad.any()):
-            self._raise_bad_rows(bad, rows, rows)
-        return rows
+        return rows, (bad if bool(bad.any()) else None)
 
     def _last_rows(self, logits: torch.Tensor, layout: Layout) -> torch.Tensor:
         if layout.axes == ("b", "t", "v"):
@@ -135,7 +146,7 @@ class StepInputs:
             rows = layout.to_rows(logits)  # [N, V_padded], a view where possible
         columns = rows.shape[-1]
         if self.vocab_size is None:
-            known = self._tokenizer_vocab
+            known = self.tokenizer_vocab
             return rows[:, :known] if known is not None and columns > known else rows  # padding past the tokenizer
         if self.vocab_size > columns:
             raise ValueError(
@@ -144,13 +155,8 @@ class StepInputs:
             )
         return rows[:, : self.vocab_size]
 
-    @staticmethod
-    def _float_copy(rows: torch.Tensor) -> torch.Tensor:
-        # float32 as HF upcasts; copy=True so that in-place processors never reach the caller's tensor.
-        return rows.to(dtype=torch.float32, copy=True)
-
     def input_rows(self, input_ids: torch.Tensor | None, rows: torch.Tensor | int,
-                   *, batch_shape: tuple[int, ...] | None = None) -> torch.Tensor:
+                   *, batch_shape: tuple[int, ...] | None = None, device: torch.device | None = None) -> torch.Tensor:
         """`input_ids` as `(rows, seq)` int64 (a private copy where needed), checked against the logits rows.
 
         When no processor could write them (none, or only HF's own option-built processors:
@@ -160,12 +166,13 @@ class StepInputs:
             input_ids: `(*batch, seq)` token ids, or None (no context: an empty `(rows, 0)` tensor).
             rows: The `(rows, vocab)` scores from `rows()` (or just the number of rows).
             batch_shape: The logits' batch shape; default `(rows,)`, or `()` for 1-D `input_ids`.
+            device: The ids' device when `rows` is a number (the processors'; default CPU).
         """
         n_rows = rows if isinstance(rows, int) else rows.shape[0]
         vocab = None if isinstance(rows, int) else rows.shape[1]
-        if vocab is not None and vocab != self._vocab_checked:
-            self._check_vocab(vocab)
-        device = self._device if isinstance(rows, int) else rows.device
+        if vocab is not None:
+            self.check_vocab(vocab)
+        device = (device or torch.device("cpu")) if isinstance(rows, int) else rows.device
         if input_ids is None:
             return torch.empty((n_rows, 0), dtype=torch.long, device=device)
         if not isinstance(input_ids, torch.Tensor):
@@ -191,17 +198,17 @@ class StepInputs:
     def _step_ids(self, ids: torch.Tensor, vocab: int | None) -> torch.Tensor:
         """`(rows, seq)` ids as the step's int64 ids (a private copy for processors that might write them:
         user code; none for HF's own), their values checked against `vocab` (None: not known yet)."""
-        if self._ids_copied or ids.dtype != torch.long:  # else no `to`: even a no-op is a dispatched call
-            ids = ids.to(dtype=torch.long, copy=self._ids_copied)
+        if self.ids_copied or ids.dtype != torch.long:  # else no `to`: even a no-op is a dispatched call
+            ids = ids.to(dtype=torch.long, copy=self.ids_copied)
         if vocab is not None and ids.numel() and ids_outside(ids, vocab):  # one pass, one host read
             bad = int(ids[(ids < 0) | (ids >= vocab)][0])
             raise ValueError(
                 f"`input_ids` hold token id {bad}, outside the vocabulary of {vocab} tokens "
                 f"(ids must be in [0, {vocab}); vocab_size={self.vocab_size}"
-                + (f", the tokenizer's size, {self._tokenizer_vocab}: pass vocab_size= to keep more columns"
-                   if self.vocab_size is None and vocab == self._tokenizer_vocab else "") + ")."
+                + (f", the tokenizer's size, {self.tokenizer_vocab}: pass vocab_size= to keep more columns"
+                   if self.vocab_size is None and vocab == self.tokenizer_vocab else "") + ")."
                 + (f" The vocabulary is read from the logits' last axis ({vocab}); if it is another axis (logits "
                    "[batch, vocab, seq]), say so with layout=, e.g. layout=\"b v t\"."
-                   if bad >= vocab and self.vocab_size is None and vocab != self._tokenizer_vocab else "")
+                   if bad >= vocab and self.vocab_size is None and vocab != self.tokenizer_vocab else "")
             )
         return ids
