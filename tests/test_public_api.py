@@ -134,8 +134,13 @@ def test_the_strategy_table_has_a_row_per_mode_of_hf():
 
     # every mode of the installed transformers' table is a row: run, or refused with a reason
     assert {str(mode.value) for mode in GenerationMode} <= set(STRATEGIES)
+    # docs/generate.md's table names every runner, read from the table (no list of them here)
+    page = (ROOT / "docs" / "generate.md").read_text()
+    table = page[page.index("## The strategy table"):page.index("**A new strategy**")]
     runners = {row.run.__name__ for row in STRATEGIES.values() if row.run is not None}
-    assert runners == {"run_loop", "run_beam", "run_assisted"}
+    assert {"run_loop", "run_beam", "run_assisted"} <= runners
+    assert all(f"`{name}`" in table for name in runners), (runners, table)
+    assert all(f"`{mode}`" in table for mode in STRATEGIES)
     assert all((row.run is None) == (row.refused is not None) for row in STRATEGIES.values())
 
 

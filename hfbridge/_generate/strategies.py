@@ -4,22 +4,17 @@ Each mode has one row (`modes.Strategy`): the runner that decodes it, the loop o
 (`check_every`, `synced_gpus`) the runner honours, whether it takes per-row values, how many rows a
 prompt becomes, and its checks; the modes hfbridge does not run have a row that says why.
 `call.prepare` looks the mode up once and keeps the row on the call; a runner takes the prepared
-call and returns what `generate` returns.
+call and returns what `generate` returns. `STRATEGIES` below is the table; docs/generate.md shows it
+(a test checks that page names every runner of it).
 
-| mode | runner | per-row values | loop options |
-| --- | --- | --- | --- |
-| `greedy_search`, `sample` | `run_loop`: hfbridge's own loop (`loop.py`) | yes | `check_every`, `synced_gpus` |
-| `beam_search`, `beam_sample` | `run_beam`: HF's `_beam_search` (`hf_loops/beam.py`) | no | `synced_gpus` |
-| `assisted_generation` | `run_assisted`: HF's `_assisted_decoding`, draft or lookup (`hf_loops/assisted.py`) | no | - |
-| `group_beam_search`, `constrained_beam_search`, `dola_generation`, `contrastive_search` | refused (HF's Hub) | | |
-
-A new strategy is one runner and one row here.
+A new strategy is one runner in a module of its own and one row here (its import and its row):
+`tests/generate/test_new_strategy.py` registers one at runtime and runs it through `generate`.
 
 >>> from transformers import GenerationConfig
 >>> strategy_for(GenerationConfig(num_beams=2), None).run.__name__
 'run_beam'
->>> sorted(mode for mode, row in STRATEGIES.items() if row.run is not None)
-['assisted_generation', 'beam_sample', 'beam_search', 'greedy_search', 'sample']
+>>> STRATEGIES["sample"].per_row, STRATEGIES["beam_search"].per_row
+(True, False)
 """
 
 from __future__ import annotations
