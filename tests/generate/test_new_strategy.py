@@ -120,6 +120,9 @@ def test_the_rows_check_and_the_tables_refusals_come_before_any_call(registered)
 
 
 def test_without_its_row_the_mode_is_refused_again():
+    assert STRATEGIES["group_beam_search"] is not ROW
+    if STRATEGIES["group_beam_search"].refused is None:
+        pytest.skip("hfbridge runs group beam search itself now")
     with pytest.raises(ValueError, match="generate\\(\\) does not support group beam search"):
         generate(model, torch.tensor([[1, 2]]), num_beams=2, num_beam_groups=2, diversity_penalty=0.5,
                  max_new_tokens=3)
