@@ -41,7 +41,7 @@ def test_module_level_imports_are_declared_or_come_with_transformers():
 
 def test_importing_hfbridge_never_imports_an_optional_wings_package():
     code = ("import sys, hfbridge, hfbridge.processors, hfbridge.vllm, hfbridge.vllm._batch, hfbridge.sglang, "
-            "hfbridge.sglang._rows; "
+            "hfbridge.sglang._calls; "
             f"print(sorted(set(sys.modules) & set({sorted(OPTIONAL_WINGS)!r})))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

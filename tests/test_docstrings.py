@@ -16,8 +16,8 @@ MODULES = sorted(name for _, name, _ in pkgutil.walk_packages(hfbridge.__path__,
 
 # Modules that import an optional package at module level: their examples run where it is installed
 # (asked by a module of the package: `tests/vllm` alone could pass for a namespace package `vllm`).
-NEEDS = {"hfbridge.vllm.processor": "vllm.v1.sample", "hfbridge.vllm.processor_v2": "vllm.v1.worker.gpu.sample",
-         "hfbridge.sglang.processor": "sglang.srt.sampling"}
+NEEDS = {"hfbridge.vllm.processor_v1": "vllm.v1.sample", "hfbridge.vllm.processor_v2": "vllm.v1.worker.gpu.sample",
+         "hfbridge.sglang.logit_processor": "sglang.srt.sampling"}
 
 
 def _installed(module: str) -> bool:

@@ -5,7 +5,7 @@ options by adding one keyword: `model.generate(ids, custom_generate=hfbridge.cus
 dry_multiplier=0.8, ...)`. transformers prepares the call and hands the decoding to this function,
 which runs `hfbridge.generate(model, ...)` with the same options: the same tokens, the same output.
 
-Two forms (what each receives: `hfbridge._hf.custom_generate`):
+Two forms (what each receives: `hfbridge._hf.custom_generate_inputs`):
 
 - **the callable** (transformers 4.57+): the options hfbridge adds (`dry_multiplier`, `fast`,
   `banned_strings`, `generator`, ...) and the sampling options (so that they take one value per row)
@@ -42,7 +42,7 @@ import torch
 
 from hfbridge._generate.generate import generate
 from hfbridge._hf import names
-from hfbridge._hf.custom_generate import (
+from hfbridge._hf.custom_generate_inputs import (
     CALLABLE_KEYWORDS_SINCE,
     FOLDER_ARGUMENTS,
     PREPARED_INPUTS,

@@ -8,9 +8,9 @@ default where Triton runs, so on GPUs) and `HFBridgeLogitsProcessor` for the V1 
 `SamplingParams(extra_args={"hfbridge": {"dry_multiplier": 0.8, "top_n_sigma": 1.0}})`. Naming the
 other runner's class gives an error that names the right one.
 
-Modules: `processor` and `processor_v2` (vLLM's two interfaces; the only modules that import vLLM,
-on first use of a name), `_options` (where a request's options live and vLLM's own fields; the names and checks are
-`_step/plan/engine_requests`, shared with SGLang), `_requests` (the
+Modules: `processor_v1` and `processor_v2` (vLLM's two interfaces; the only modules that import vLLM,
+on first use of a name), `_sampling_params` (where a request's options live in vLLM's `SamplingParams`, and
+vLLM's own fields; the names and checks are `_step/plan/engine_requests`, shared with SGLang), `_requests` (the
 requests of one processor and one step over their rows, shared by both runners), `_batch` (the V1
 runner's persistent batch) with `_history` (a request's tokens there), `_slots` (Model Runner V2's
 request slots, whose tokens vLLM keeps). Imports: `_step`, `processors`, vLLM. `import hfbridge`
@@ -37,7 +37,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'hfbridge.vllm' has no attribute {name!r}")
     try:
         if name == "HFBridgeLogitsProcessor":
-            from hfbridge.vllm.processor import HFBridgeLogitsProcessor
+            from hfbridge.vllm.processor_v1 import HFBridgeLogitsProcessor
 
             return HFBridgeLogitsProcessor
         from hfbridge.vllm.processor_v2 import HFBridgeLogitsProcessorV2

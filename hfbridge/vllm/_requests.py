@@ -48,7 +48,7 @@ import torch
 
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
-from hfbridge.vllm._options import RequestOptions, build_sampler, check_request
+from hfbridge.vllm._sampling_params import RequestOptions, build_sampler, check_request
 
 logger = logging.getLogger(__name__)
 

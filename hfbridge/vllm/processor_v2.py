@@ -1,7 +1,7 @@
 """`HFBridgeLogitsProcessorV2`: hfbridge's chain inside vLLM's Model Runner V2, per request.
 
 vLLM's V2 interface (`vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor`) in four calls:
-`validate_params` (the front end, per request: `_options.validate_params`, the V1 processor's
+`validate_params` (the front end, per request: `_sampling_params.validate_params`, the V1 processor's
 checks), `__init__` (once per worker: vLLM's request state, seed, tokenizer and eos; speculative
 decoding noted), `add_request` (a request enters a recycled slot: `_slots.Slots.add_request`) and
 `apply(logits, ctx)` (one step: `_slots.Slots.apply`). `apply_staged_writes` is vLLM's default:
@@ -9,7 +9,7 @@ nothing is staged, as the tokens are read from vLLM's own buffer. The semantics 
 processor's: V2 calls custom processors at the same place (after its logit bias, penalties, bad
 words and grammar; before its temperature, min-p and top-k/top-p).
 
-The V1 runner takes `HFBridgeLogitsProcessor` (`processor`). So that naming this one there gives an
+The V1 runner takes `HFBridgeLogitsProcessor` (`processor_v1`). So that naming this one there gives an
 error that says so, the class is registered as a virtual subclass of V1's interface, and its
 `__init__`, which V1 calls with a device instead of its request state, refuses it naming the right one.
 
@@ -28,8 +28,8 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState
 
-from hfbridge.vllm._options import validate_params
 from hfbridge.vllm._requests import engine_settings, register_with
+from hfbridge.vllm._sampling_params import validate_params
 from hfbridge.vllm._slots import SPECULATIVE, Slots
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from transformers import GenerationConfig, LogitsProcessor, StoppingCriteria, To
 
 import hfbridge
 from hfbridge import custom_generate, generate
-from hfbridge._hf import custom_generate as contract
+from hfbridge._hf import custom_generate_inputs as contract
 from hfbridge._hf import names
 
 from _tiny_models import char_tokenizer, model_cache

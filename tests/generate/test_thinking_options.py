@@ -291,7 +291,7 @@ def test_explain_generation_marks_each_steps_phase_and_its_scores_are_that_phase
 def test_vllm_requests_refuse_thinking_options_by_name():
     from types import SimpleNamespace
 
-    from hfbridge.vllm._options import check_request
+    from hfbridge.vllm._sampling_params import check_request
 
     params = SimpleNamespace(extra_args={"hfbridge": {"thinking_options": {"temperature": 1.0}}}, temperature=0.0,
                              top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,

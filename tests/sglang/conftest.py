@@ -1,4 +1,4 @@
-"""SGLang tests: `test_rows.py` needs no SGLang; `test_processor.py` skips where SGLang is not installed."""
+"""SGLang tests: `test_calls.py` needs no SGLang; `test_logit_processor.py` skips where SGLang is not installed."""
 
 import pytest
 import torch

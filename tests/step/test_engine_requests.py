@@ -11,8 +11,8 @@ from transformers import GenerationConfig
 
 from hfbridge._step.plan.engine_requests import Engine, accepted_names, check_options
 from hfbridge._step.plan.option_table import community_rows
-from hfbridge.sglang._options import check_params
-from hfbridge.vllm._options import check_request
+from hfbridge.sglang._custom_params import check_params
+from hfbridge.vllm._sampling_params import check_request
 
 # HF's options a request took, as the hand-written table had them (`top_h` where transformers has it)
 HF_TAKEN = {"repetition_penalty", "no_repeat_ngram_size", "sequence_bias", "bad_words_ids", "suppress_tokens",

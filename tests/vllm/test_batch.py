@@ -15,7 +15,7 @@ import torch
 from hfbridge import Sampler
 from hfbridge.vllm._batch import Batch
 from hfbridge.vllm._history import History
-from hfbridge.vllm._options import check_request
+from hfbridge.vllm._sampling_params import check_request
 
 V = 40
 EOS = 2

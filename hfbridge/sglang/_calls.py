@@ -41,7 +41,7 @@ import torch
 
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
-from hfbridge.sglang._options import RequestOptions, build_sampler, check_params
+from hfbridge.sglang._custom_params import RequestOptions, build_sampler, check_params
 
 __all__ = ["Requests"]
 

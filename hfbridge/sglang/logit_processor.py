@@ -2,7 +2,7 @@
 
 SGLang's interface (`sglang.srt.sampling.custom_logit_processor.CustomLogitProcessor`) is one call,
 `__call__(logits, custom_param_list)`, made by SGLang's sampler for the rows whose requests name the
-processor (sent as `HFBridgeLogitProcessor.to_str()`); the work is `_rows.Requests.process`'. The
+processor (sent as `HFBridgeLogitProcessor.to_str()`); the work is `_calls.Requests.process`'. The
 state kept between calls (checked options, stateful samplers) is held by the class, as SGLang may
 make a new instance per batch. A request whose options fail is ended by SGLang with an error naming
 the option (`FINISH_ABORT`, HTTP 400), and the server keeps serving the others.
@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 import torch
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
-from hfbridge.sglang._options import check_params
-from hfbridge.sglang._rows import Requests
+from hfbridge.sglang._calls import Requests
+from hfbridge.sglang._custom_params import check_params
 
 __all__ = ["HFBridgeLogitProcessor"]
 

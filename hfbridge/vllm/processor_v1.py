@@ -1,7 +1,7 @@
 """`HFBridgeLogitsProcessor`: hfbridge's chain inside vLLM's V1 model runner, per request.
 
 vLLM's V1 interface (`vllm.v1.sample.logits_processor.LogitsProcessor`) in four calls, each handed to
-the modules that own the work: `validate_params` (the front end, per request: `_options.validate_params`),
+the modules that own the work: `validate_params` (the front end, per request: `_sampling_params.validate_params`),
 `__init__` (once per worker: the model's vocabulary, device, seed, tokenizer and eos), `update_state`
 (the batch's removed, added and moved rows: `_batch.Batch.update`) and `apply` (one step:
 `_batch.Batch.apply`). `is_argmax_invariant` is False: hfbridge's options change greedy choices, and
@@ -28,8 +28,8 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from hfbridge.vllm._batch import Batch
-from hfbridge.vllm._options import validate_params
 from hfbridge.vllm._requests import engine_settings, register_with
+from hfbridge.vllm._sampling_params import validate_params
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -11,8 +11,8 @@ import torch
 from _cases import EOS, GREEDY, PROMPTS, SAMPLING, V, expected
 from _driver import Req, run
 
-from hfbridge.sglang._options import check_params
-from hfbridge.sglang._rows import Requests
+from hfbridge.sglang._calls import Requests
+from hfbridge.sglang._custom_params import check_params
 
 
 def processor_per_call(store):
