@@ -30,8 +30,8 @@ NOT_THE_REGISTRY = {
     ("demo", "architectures.py", "FAMILY_FIXES"): "config values of one demo architecture",
     ("lm_eval", "_lm.py", "pad_token_id"): "the tokenizer's attributes",
     ("lm_eval", "_lm.py", "_PER_REQUEST"): "generate's keywords lm-eval sets per request, with lm-eval's own",
-    ("vllm", "_options.py", "_VLLM_FIELDS"): "vLLM's own `SamplingParams` fields",
-    ("sglang", "_options.py", "_SGLANG_FIELDS"): "SGLang's own sampling fields",
+    ("vllm", "_sampling_params.py", "_VLLM_FIELDS"): "vLLM's own `SamplingParams` fields",
+    ("sglang", "_custom_params.py", "_SGLANG_FIELDS"): "SGLang's own sampling fields",
 }
 
 

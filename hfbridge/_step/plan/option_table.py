@@ -29,7 +29,8 @@ ValueError: `top_n_sigma` must be > 0.0, got -1.0.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from hfbridge._step.checks.row_checks import check_breakers, check_message, check_mirostat, check_tag, check_temperature
@@ -259,12 +260,15 @@ def register(*rows: OptionRow) -> None:
             raise ValueError(f"`place` must be one of {PLACES}, got {row.place!r}.")
     for row in rows:
         ROWS[row.name] = row
+        if row.community:
+            _COMMUNITY_ROWS[row.name] = row
 
 
 def unregister(*names: str) -> None:
     """Remove rows added with `register`."""
     for name in names:
         ROWS.pop(name, None)
+        _COMMUNITY_ROWS.pop(name, None)
 
 
 def order_members() -> dict[str, list[tuple[str, str]]]:
@@ -357,25 +361,12 @@ def sampling_processors() -> frozenset[str]:
     return frozenset(kind for row in ROWS.values() if row.sampling for kind in row.classes)
 
 
-class _Community(Mapping[str, OptionRow]):
-    """The rows of `hfbridge.processors`' options, read live from `ROWS`."""
-
-    def __getitem__(self, name: str) -> OptionRow:
-        row = ROWS[name]
-        if not row.community:
-            raise KeyError(name)
-        return row
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name, row in ROWS.items() if row.community)
-
-    def __len__(self) -> int:
-        return sum(1 for row in ROWS.values() if row.community)
+_COMMUNITY_ROWS: dict[str, OptionRow] = {name: row for name, row in ROWS.items() if row.community}  # kept by `register`
 
 
 def community_rows() -> Mapping[str, OptionRow]:
-    """The rows of `hfbridge.processors`' samplers (a live view of `ROWS`)."""
-    return _Community()
+    """The rows of `hfbridge.processors`' samplers: a live, read-only view (`register` / `unregister` keep it)."""
+    return MappingProxyType(_COMMUNITY_ROWS)
 
 
 def plain_options(options: Mapping[str, Any]) -> dict[str, Any]:
