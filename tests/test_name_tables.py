@@ -21,9 +21,6 @@ NOT_THE_REGISTRY = {
     ("_step", "sampler_order.py", "DEFAULT_ORDER"): "llama.cpp's sampler names (some spelled as options are)",
     ("_generate", "custom_generate.py", "_REFUSED_PROCESSORS"): "HF's classes only `generate`'s own arguments "
     "build (`prefix_allowed_tokens_fn`, guidance with `negative_prompt_ids`), which a callable never receives",
-    ("_generate", "replay.py", "_OUTPUT_ONLY"): "generate's keywords (not only options: `check_every`) that change "
-    "what is returned, which a replay drops",
-    ("_generate", "replay.py", "_replay"): "the two ways to give `generate` a length",
     ("_views", "compare.py", "_OWN"): "the comparison's own arguments",
     ("_views", "compare.py", "_REFUSED"): "the keywords (not only options: `assistant_model`, `streamer`) that make "
     "runs not comparable draw by draw",

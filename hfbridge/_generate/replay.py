@@ -51,12 +51,11 @@ from hfbridge._models.hf_model import HFModel
 from hfbridge._step.checks.caller_inputs import extract_logits
 from hfbridge._step.checks.option_checks import check_flag
 from hfbridge._step.plan.community_options import OPTIONS as COMMUNITY_OPTIONS
+from hfbridge._step.plan.hf_option_rows import length_options, output_only_options
 
 __all__ = ["replay"]
 
 _REPLAYED_MODES = ("greedy_search", "sample")
-# generate's keywords that change what is returned, not what is drawn: dropped
-_OUTPUT_ONLY = ("return_dict_in_generate", "output_scores", "output_logits", "check_every", "max_time")
 _NAMED = ("generation_config", "processors", "logits_processor", "stopping_criteria", "layout", "vocab_size", "fast",
           "max_context", "prefix_allowed_tokens_fn")
 
@@ -127,7 +126,7 @@ def _replay(model: Any, sequences: Any, prompt_length: Any, attention_mask: Any,
     if kwargs.get("thinking_options") is not None:
         raise ValueError("replay(): `thinking_options` (phase-aware sampling) is not replayed yet: each row's phase "
                          "picks its own chain per step; replay a generation made without it.")
-    for name in _OUTPUT_ONLY:
+    for name in (*output_only_options(), "check_every"):  # they change what is returned, not what is drawn
         kwargs.pop(name, None)
     named = {name: kwargs.pop(name) for name in _NAMED if name in kwargs}
     if "logits_processor" in named:
@@ -146,7 +145,7 @@ def _replay(model: Any, sequences: Any, prompt_length: Any, attention_mask: Any,
     if isinstance(expand, bool) or not isinstance(expand, int) or expand < 1 or rows % expand:
         raise ValueError(f"replay(): `sequences` have {rows} rows, which num_return_sequences={expand!r} does not "
                          "divide; pass the sequences of one generate call and its options.")
-    if not any(name in kwargs for name in ("max_new_tokens", "max_length")) and \
+    if not any(name in kwargs for name in length_options()) and \
             getattr(config, "max_new_tokens", None) is None:
         kwargs["max_new_tokens"] = max(steps, 1)
     prompts = sequences[::expand, :start]  # generate expands each prompt to `expand` rows itself

@@ -34,8 +34,8 @@ from hfbridge._step.checks.row_checks import check_count, check_early_stopping, 
 from hfbridge._step.checks.value_checks import check_flag
 from hfbridge._step.plan.option_table import ROWS
 
-__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "list_options", "needing",
-           "options_of_kind", "request_options", "token_id_options"]
+__all__ = ["HF_OPTION_ROWS", "HFOptionRow", "chain_processors", "intact_processors", "length_options", "list_options",
+           "needing", "options_of_kind", "output_only_options", "request_options", "token_id_options"]
 
 @dataclasses.dataclass(frozen=True)
 class HFOptionRow:
@@ -72,6 +72,9 @@ class HFOptionRow:
             value per row.
         assistant: A field of the assistant's own generation config in HF's assisted decoding.
         internals: A true value asks for the model's internals, which `generate` does not see (refused).
+        output_only: It changes what `generate` returns, or stops it by the wall clock, never what is drawn (a
+            replay of the generation leaves it out).
+        length: It sets how long the generation is (`max_length`, `max_new_tokens`).
     """
 
     name: str
@@ -93,6 +96,8 @@ class HFOptionRow:
     list_value: bool = False
     assistant: bool = False
     internals: bool = False
+    output_only: bool = False
+    length: bool = False
 
 
 def _row(name: str, kind: str | None, *builds: str, intact: bool = True, **more: Any) -> HFOptionRow:
@@ -114,9 +119,9 @@ _ROWS = [
          request_refused="{temperature} decides: 0 is greedy, 1 samples from hfbridge's scores"),
     _row("remove_invalid_values", "flag", "InfNanRemoveLogitsProcessor", step=True, request=True),
     _row("renormalize_logits", "flag", "LogitNormalization", chain="tail", step=True, request=True),
-    _row("return_dict_in_generate", "flag"),
-    _row("output_scores", "flag"),
-    _row("output_logits", "flag"),
+    _row("return_dict_in_generate", "flag", output_only=True),
+    _row("output_scores", "flag", output_only=True),
+    _row("output_logits", "flag", output_only=True),
     _row("output_attentions", "flag", internals=True),
     _row("output_hidden_states", "flag", internals=True),
     _row("use_cache", "flag"),
@@ -124,8 +129,9 @@ _ROWS = [
          request=True),
     _row("min_new_tokens", "count", "MinNewTokensLengthLogitsProcessor", minimum=0, step=True,
          needs=("prompt_length", "prompt_end", "eos"), request=True),
-    _row("max_length", "count", minimum=1, step=True, whole_call=True, request_refused=_LENGTH),
-    _row("max_new_tokens", "count", minimum=1, step=True, whole_call=True, needs=_PROMPT, request_refused=_LENGTH),
+    _row("max_length", "count", minimum=1, step=True, whole_call=True, request_refused=_LENGTH, length=True),
+    _row("max_new_tokens", "count", minimum=1, step=True, whole_call=True, needs=_PROMPT, request_refused=_LENGTH,
+         length=True),
     _row("num_return_sequences", "count", minimum=1),
     _row("num_beams", "count", minimum=1, selects=_above(1)),
     _row("num_beam_groups", "count", minimum=1, selects=_above(1)),
@@ -133,7 +139,7 @@ _ROWS = [
     _row("guidance_scale", "number", "UnbatchedClassifierFreeGuidanceLogitsProcessor", intact=False, chain="head",
          step=True, whole_call=True,
          request_refused="classifier-free guidance needs a second model call per step, which {engine} does not make"),
-    _row("max_time", "number", positive=True),
+    _row("max_time", "number", positive=True, output_only=True),
     _row("pad_token_id", "id", token_ids=True, step=True, whole_call=True),
     _row("bos_token_id", "id", token_ids=True, step=True, whole_call=True),
     _row("forced_bos_token_id", "id", "ForcedBOSTokenLogitsProcessor", token_ids=True, step=True,
@@ -230,3 +236,21 @@ def list_options() -> tuple[str, ...]:
     that value, never one value per row."""
     return (*(name for name, row in HF_OPTION_ROWS.items() if row.list_value),
             *(name for name, row in ROWS.items() if row.list_value))
+
+
+def output_only_options() -> tuple[str, ...]:
+    """HF's options that change what `generate` returns (or stop it by the wall clock), never what is drawn.
+
+    >>> output_only_options()
+    ('return_dict_in_generate', 'output_scores', 'output_logits', 'max_time')
+    """
+    return tuple(name for name, row in HF_OPTION_ROWS.items() if row.output_only)
+
+
+def length_options() -> tuple[str, ...]:
+    """HF's options that set how long the generation is.
+
+    >>> length_options()
+    ('max_length', 'max_new_tokens')
+    """
+    return tuple(name for name, row in HF_OPTION_ROWS.items() if row.length)
