@@ -6,8 +6,11 @@ names `group_beam_search`, which hfbridge refuses otherwise). This module is its
 and nothing else in hfbridge changes (a real one adds a line to docs/generate.md's table, which
 `tests/test_public_api.py` checks)."""
 
+import inspect
+
 import pytest
 import torch
+from transformers import GenerationMixin
 
 from hfbridge import generate
 from hfbridge._generate.loop import forward_and_update
@@ -15,6 +18,13 @@ from hfbridge._generate.modes import Strategy
 from hfbridge._generate.strategies import STRATEGIES
 from hfbridge._hf.stand_in import special_token
 from hfbridge._step.run.sampler import extract_logits
+
+# Before transformers 5, group beam search is transformers' own mode: its config checks `diversity_penalty` against
+# `num_beam_groups`, and its processor chain holds `HammingDiversityLogitsProcessor`, which takes the loop's
+# `current_tokens` and `beam_group_idx`; the example's mode name is taken there.
+pytestmark = pytest.mark.skipif(
+    "HammingDiversityLogitsProcessor" in inspect.getsource(GenerationMixin._get_logits_processor),
+    reason="this transformers runs group beam search itself (its chain builds HammingDiversityLogitsProcessor)")
 
 
 def check_one_beam_per_group(adapter, config, options, **ignored):
