@@ -52,7 +52,7 @@ from hfbridge.vllm._sampling_params import RequestOptions, build_sampler, check_
 
 logger = logging.getLogger(__name__)
 
-_CPU_CALL_SCORES = 1 << 17  # the most scores one chain call takes on a CPU (see `Requests.run`)
+_CPU_CALL_SCORES = 1 << 19  # the most scores one chain call takes on a CPU (see `Requests.run`)
 
 
 @dataclasses.dataclass
@@ -168,8 +168,9 @@ class Requests:
             else:
                 key = row.shared
             groups.setdefault(key, []).append(entry)
-        # on a CPU, calls over more than ~2^17 scores run slower per row than smaller ones (measured with
-        # benchmarks/vllm.py: the processors' temporaries outgrow the caches): big groups go in slices
+        # on a CPU, calls over more than ~2^19 scores run slower per row than smaller ones, and calls of a few rows
+        # pay each call's fixed cost (32 requests, V=32000, thread CPU time of `Batch.apply`: 16 rows a call beat 4
+        # and 32 for XTC, top-n-sigma, DRY and vLLM's six options, 2026-12-02): big groups go in slices
         most = max(1, _CPU_CALL_SCORES // (self.vocab_size + 1)) if logits.device.type == "cpu" else len(logits)
         for key, group in groups.items():
             if key == "failed":

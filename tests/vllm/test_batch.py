@@ -242,7 +242,7 @@ def test_check_request_names_what_is_wrong(options, fields, message):
 
 
 def test_a_big_group_goes_in_slices_on_a_cpu_and_each_row_still_equals_the_sampler_alone():
-    vocab = 50_000  # 2 rows per call
+    vocab = 200_000  # 2 rows per call (`_requests._CPU_CALL_SCORES`)
     options = {"repetition_penalty": 1.3, "top_k": 20}
     prompts, outputs = histories(5)
     logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(2))
