@@ -18,12 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hfbridge"
 
 # (wing, file, owner) -> why it is not the registry's
 NOT_THE_REGISTRY = {
-    ("_step", "sampler_order.py", "DEFAULT_ORDER"): "llama.cpp's sampler names (some spelled as options are)",
     ("_generate", "custom_generate.py", "_REFUSED_PROCESSORS"): "HF's classes only `generate`'s own arguments "
     "build (`prefix_allowed_tokens_fn`, guidance with `negative_prompt_ids`), which a callable never receives",
     ("_views", "compare.py", "_OWN"): "the comparison's own arguments",
-    ("_views", "compare.py", "_REFUSED"): "the keywords (not only options: `assistant_model`, `streamer`) that make "
-    "runs not comparable draw by draw",
     ("demo", "architectures.py", "FAMILY_FIXES"): "config values of one demo architecture",
     ("lm_eval", "_lm.py", "pad_token_id"): "the tokenizer's attributes",
     ("lm_eval", "_lm.py", "_PER_REQUEST"): "generate's keywords lm-eval sets per request, with lm-eval's own",

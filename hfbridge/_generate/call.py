@@ -31,12 +31,12 @@ from hfbridge._generate.args import (
     checked_arguments,
     has_default_max_length,
 )
+from hfbridge._generate.banned_loop import OPTIONS as BANNED_OPTIONS
 from hfbridge._generate.banned_loop import BannedLoop, check_adapter, make_bans, split_banned
-from hfbridge._generate.loop import pads_finished
 from hfbridge._generate.modes import Strategy, strategy_of
 from hfbridge._generate.options import GenerateOptions
 from hfbridge._generate.prepared import Call
-from hfbridge._generate.unconditional_branch import split_guidance, unconditional_branch
+from hfbridge._generate.unconditional_branch import GUIDANCE_INPUTS, split_guidance, unconditional_branch
 from hfbridge._hf.stand_in import ProcessorHost, generation_option_names, special_token
 from hfbridge._models.adapters import ModelAdapter, check_padding_taken
 from hfbridge._models.hf_model import HFModel
@@ -60,11 +60,18 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     generation_config, streamer, generator = options.generation_config, options.streamer, options.generator
     tokenizer, fast, assistant_model = options.tokenizer, options.fast, options.assistant_model
     # 1. Arguments, and `**kwargs` split into generation options and model inputs (and guidance's inputs).
-    kwargs, guidance = split_guidance(options.kwargs)
-    kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
+    # (a feature's module is entered only when the call asks for the feature)
+    kwargs, banned_options = options.kwargs, None
+    guidance: dict[str, Any] = {}
+    if not kwargs.keys().isdisjoint(GUIDANCE_INPUTS):
+        kwargs, guidance = split_guidance(kwargs)
+    if not kwargs.keys().isdisjoint(BANNED_OPTIONS):
+        kwargs, banned_options = split_banned(kwargs)  # banned_strings / banned_regex (`banned_loop.py`)
     # one value per prompt (`_step/plan/per_row.py`), a passed config's read as the keyword's
     kwargs, per_row = split_per_row(per_row_from_config(generation_config, kwargs))
-    thinking = check_thinking_options(options.thinking_options)  # by name; values when its samplers are built
+    thinking = None  # by name; values when its samplers are built
+    if options.thinking_options is not None:
+        thinking = check_thinking_options(options.thinking_options)
     attention_mask, config_options, model_inputs, layout = checked_arguments(
         adapter, input_ids, attention_mask=options.attention_mask, generation_config=generation_config,
         streamer=streamer, generator=generator, layout=options.layout, fast=fast, kwargs=kwargs)
@@ -122,22 +129,26 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
 
     # 4. This call's criteria and processors (fresh: stateful processors start clean).
     criteria = host.stopping_criteria(config, _criteria_list(options.stopping_criteria), tokenizer=tokenizer)
-    if pads_finished(criteria) and special_token(config, "pad") is None:
+    pads_finished = any(hasattr(criterion, "eos_token_id") for criterion in criteria)  # has_eos_stopping_criteria
+    if pads_finished and special_token(config, "pad") is None:
         raise ValueError(
             "a stopping criterion has an `eos_token_id`, so finished rows need a `pad_token_id`; pass "
             "pad_token_id= (or eos_token_id=, which HF then uses as the pad token)."
         )
     padding = mask if bool((mask == 0).any()) else None  # HF drops an all-ones mask before building processors
     # guidance_scale: the unconditional sequence through the adapter, with its own state (`unconditional_branch.py`)
-    unconditional = unconditional_branch(adapter, config, guidance, input_ids=input_ids, expand=expand,
-                                         model_inputs=model_inputs, assisted=mode == ASSISTED)
+    unconditional = None
+    if guidance or getattr(config, "guidance_scale", None) is not None:
+        unconditional = unconditional_branch(adapter, config, guidance, input_ids=input_ids, expand=expand,
+                                             model_inputs=model_inputs, assisted=mode == ASSISTED)
     sampler = Sampler.from_prepared(config, processors=user_processors, layout=layout,
                                     vocab_size=options.vocab_size, generator=generator, prompt_length=prompt_length,
                                     attention_mask=padding, fast=fast,
                                     prefix_allowed_tokens_fn=options.prefix_allowed_tokens_fn,
                                     unconditional=unconditional, tokenizer=tokenizer,
                                     per_row=per_row, vocab_from_tokenizer=not isinstance(adapter, HFModel),
-                                    thinking_options=expand_thinking_options(thinking, batch, expand),
+                                    thinking_options=(expand_thinking_options(thinking, batch, expand)
+                                                      if thinking is not None else None),
                                     prepare_phase=lambda more: make_generation_config(
                                         generation_config, do_sample=more.pop("do_sample", do_sample),
                                         prompt_length=prompt_length, accepted=generation_option_names(),
@@ -145,7 +156,7 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
     # banned strings: only a strategy whose runner rolls rows back takes them, and not with guidance
     refused = (strategy.name if not strategy.rolls_back else "classifier-free guidance (guidance_scale)"
                if unconditional is not None else None)
-    bans = make_bans(banned_options, tokenizer, strategy=refused)
+    bans = make_bans(banned_options, tokenizer, strategy=refused) if banned_options is not None else None
     if bans is not None and thinking is not None:
         raise ValueError("`thinking_options` with `banned_strings` / `banned_regex` is not supported: a ban rolls "
                          "rows back, which the phases' samplers do not follow yet; drop one of them.")
@@ -165,7 +176,8 @@ def prepare(adapter: ModelAdapter, input_ids: Any, options: GenerateOptions,
                 user_code=(bool(user_processors) or options.prefix_allowed_tokens_fn is not None
                            or bool(options.stopping_criteria)),
                 mode=mode, strategy=strategy if strategies is not None else None,
-                user_processors=user_processors, unconditional=unconditional, banned=banned)
+                user_processors=user_processors, unconditional=unconditional, banned=banned,
+                pads_finished=pads_finished)
 
 
 ASSISTED = "assisted_generation"

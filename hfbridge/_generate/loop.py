@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import StoppingCriteriaList
 
 from hfbridge._generate.finished import FinishedRows, InvalidRows
 from hfbridge._generate.prepared import Call as _Call
@@ -74,7 +73,7 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     sampler, device = call.sampler, call.sequences.device
     rows_expected = call.sequences.shape[0]
     pad_token = special_token(call.config, "pad")
-    pads_finished_rows = pads_finished(call.criteria)
+    pads_finished_rows = call.pads_finished
     route = sampler.route(keep_scores=call.scores is not None, keep_raw=call.raw_logits is not None)
     finished = FinishedRows(rows_expected, device, call.criteria, check_every=options.check_every,
                             synced=options.synced)
@@ -152,11 +151,6 @@ def decode(adapter: ModelAdapter, call: _Call, streamer: Any, bar: Any, options:
     _cut(call, finished.finish_length)
     if banned is not None:
         banned.flush(call.sequences)
-
-
-def pads_finished(criteria: StoppingCriteriaList) -> bool:
-    """HF's `has_eos_stopping_criteria`: finished rows get the pad token only when a criterion knows eos."""
-    return any(hasattr(criterion, "eos_token_id") for criterion in criteria)
 
 
 def _cut(call: _Call, length: int | None) -> None:

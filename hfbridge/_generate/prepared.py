@@ -46,3 +46,5 @@ class Call:
     user_processors: LogitsProcessorList = dataclasses.field(default_factory=LogitsProcessorList)  # `processors=`
     unconditional: Any = None  # guidance_scale's unconditional branch (`guidance.UnconditionalBranch`), or None
     banned: BannedLoop | None = None  # banned strings and patterns (`banned_loop.py`), or None
+    # finished rows get the pad token: a criterion knows eos (HF's `has_eos_stopping_criteria`), decided once
+    pads_finished: bool = False

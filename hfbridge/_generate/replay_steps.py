@@ -2,11 +2,12 @@
 
 Each step does what `loop.decode` does, in the same order and on the same tensors: the step's logits
 `(rows, vocab)` (from the model through the same adapter and cache, or given), a float32 copy, the
-call's `Sampler.process` on the sequences so far, and, where the chain draws random numbers (XTC's
-coins) or a generator is given, `Sampler.choose` with that generator, so the random stream advances as
-the generation's did; then the *recorded* token is appended (the drawn one is only compared with it),
-and HF's stopping criteria mark the finished rows. Stateful processors (mirostat, adaptive-p, a
-thinking budget) see the same sequences in the same order, so their state follows the generation's.
+call's `Sampler.process` on the sequences so far, or, where the chain draws random numbers (XTC's
+coins) or a generator is given, the step itself (`Sampler.step`: the processors, then the draw) with
+that generator, so the random stream advances as the generation's did; then the *recorded* token is
+appended (the drawn one is only compared with it), and HF's stopping criteria mark the finished rows.
+Stateful processors (mirostat, adaptive-p, a thinking budget) see the same sequences in the same
+order, so their state follows the generation's.
 
 >>> import torch
 >>> from hfbridge import generate, replay
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from hfbridge._generate.finished import FinishedRows
 from hfbridge._generate.loop import _rows as last_position_rows
-from hfbridge._generate.loop import at_step, forward_and_update, pads_finished
+from hfbridge._generate.loop import at_step, forward_and_update
 from hfbridge._generate.prepared import Call
 from hfbridge._hf.stand_in import special_token
 from hfbridge._models.adapters import ModelAdapter
@@ -89,7 +90,8 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
     device = call.sequences.device
     # the flags stay on the device: read once, at the end (`_check_stops`), not at every step
     finished = FinishedRows(rows, device, call.criteria, check_every=steps + 1)
-    pad = special_token(call.config, "pad") if pads_finished(call.criteria) else None
+    pad = special_token(call.config, "pad") if call.pads_finished else None
+    route = sampler.route(keep_scores=True, keep_raw=True)  # exact: the scores are the replay's result
     scores_per_step: list[torch.Tensor] = []
     raw_logprobs, kept_mass, generated, mismatch, not_padded, invalid = [], [], [], [], [], []
     vocab = None
@@ -102,7 +104,13 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
         elif view.shape[1] != vocab:
             raise ValueError(f"replay(): at step {step} the logits have {view.shape[1]} vocabulary columns, but "
                              f"{vocab} at step 0.")
-        scores = at_step(step, lambda: sampler.process(call.sequences, view.to(torch.float32, copy=True)))  # [N, V]
+        work = view.to(torch.float32, copy=True)  # [N, V], the step's scores (the processors may write into it)
+        drawn = None
+        if draw:  # the step itself, processors then choice: the generator advances as the generation's did
+            result = at_step(step, lambda: sampler.step(call.sequences, view, scores=work, route=route, defer=False))
+            scores, drawn = cast(torch.Tensor, result.scores), result.tokens  # [N, V] (kept on this route), [N]
+        else:
+            scores = at_step(step, lambda: sampler.process(call.sequences, work))  # [N, V]
         scores_per_step.append(scores)
         best = scores.amax(dim=-1)  # [N]: NaN, nothing kept, or +inf when sampling: generate raises
         invalid.append(~(best.abs() < float("inf")) if sampler.do_sample else ~(best > float("-inf")))
@@ -112,8 +120,7 @@ def replay_steps(call: Call, tokens: torch.Tensor, logits: StepLogits, *, draw: 
         kept_mass.append(torch.where(scores > float("-inf"), raw, float("-inf")).logsumexp(-1).exp())
         live = finished.unfinished  # [N]
         generated.append(live)
-        if draw:
-            drawn = at_step(step, lambda: sampler.choose(scores, raw=view))  # [N], the generator advances
+        if drawn is not None:
             mismatch.append(live & (drawn != token))
         if pad is not None:
             not_padded.append(~live & (token != pad))  # read once, at the end

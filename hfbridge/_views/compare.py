@@ -22,6 +22,7 @@ import torch
 
 from hfbridge._generate.banned import BannedStrings
 from hfbridge._generate.generate import generate
+from hfbridge._step.plan.hf_option_rows import HF_OPTION_ROWS
 from hfbridge._views.compare_html import generation_html, step_html
 from hfbridge._views.comparison_record import GenerationComparisonRecord, StepComparisonRecord, first_difference
 from hfbridge._views.explain_generation import explain_generation
@@ -33,7 +34,8 @@ __all__ = ["GenerationComparison", "StepComparison", "compare_generation", "comp
 
 _OWN = ("generator", "tokenizer", "input_ids", "logits", "model", "top", "row", "max_new_tokens",
         "return_dict_in_generate", "output_scores")
-_REFUSED = ("num_beams", "assistant_model", "prompt_lookup_num_tokens", "streamer")
+# besides the options that select another strategy (the registry's `selects`): a draft model, a streamer
+_REFUSED = ("assistant_model", "streamer")
 
 
 class StepComparison(StepComparisonRecord):
@@ -144,12 +146,15 @@ def compare_generation(model: Any, input_ids: torch.Tensor, settings: Mapping[st
         generator state; ``.first_difference`` the first new token where the settings part.
 
     Raises:
-        TypeError: as `compare_step`; ``ValueError`` for beam search, assisted decoding or a streamer
-            (they do not compare token by token on the same draws).
+        TypeError: as `compare_step`; ``ValueError`` for an option that selects another strategy than greedy
+            search or sampling (beams, drafts, contrastive search, ...) or a streamer (they do not compare token
+            by token on the same draws).
     """
     runs = _settings(settings, options, "compare_generation")
     for name, setting in runs.items():
-        refused = [key for key in _REFUSED if setting.get(key) not in (None, 1)]
+        refused = [row.name for row in HF_OPTION_ROWS.values() if row.selects is not None
+                   and _selects(row.selects, setting.get(row.name))]
+        refused += [key for key in _REFUSED if setting.get(key) is not None]
         if refused:
             raise ValueError(f"compare_generation: settings[{name!r}] sets `{refused[0]}`; the comparison runs "
                              "greedy search and sampling, token by token on the same draws (no beams, drafts or "
@@ -178,6 +183,15 @@ def compare_generation(model: Any, input_ids: torch.Tensor, settings: Mapping[st
                for name in runs}  # why each setting did what it did where they part: DRY, a thinking budget
     return GenerationComparison(settings=runs, tokens=tokens, outputs=outputs, traces=traces, prompt_length=prompt,
                                 row=row, tokenizer=tokenizer, rollbacks=rollbacks, reasons=reasons)
+
+
+def _selects(selects: Any, value: Any) -> bool:
+    """Whether `value` selects another strategy than greedy search or sampling; a value the row cannot read is
+    left to `generate`'s own check, which names it."""
+    try:
+        return bool(selects(value))
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _with_bans(setting: dict[str, Any], tokenizer: Any) -> tuple[dict[str, Any], BannedStrings | None]:

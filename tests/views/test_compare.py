@@ -199,6 +199,26 @@ def test_errors(call, error, message):
         call()
 
 
+@pytest.mark.parametrize(("setting", "named"), [
+    (dict(num_beams=2), "num_beams"),
+    (dict(num_beams=1, num_beam_groups=2), "num_beam_groups"),
+    (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha"),
+    (dict(prompt_lookup_num_tokens=2), "prompt_lookup_num_tokens"),
+    (dict(dola_layers="low"), "dola_layers"),
+    (dict(streamer=object()), "streamer"),
+])
+def test_generation_refuses_every_other_strategy(setting, named):
+    """Every option the registry says selects another strategy (`selects`), read from the rows, and a streamer."""
+    message = rf"^compare_generation: settings\['s'\] sets `{named}`; the comparison runs greedy search and sampling"
+    with pytest.raises(ValueError, match=message):
+        compare_generation(_model(), torch.tensor([[1, 2]]), {"s": setting}, max_new_tokens=2)
+
+
+def test_generation_leaves_a_bad_strategy_value_to_generate():
+    with pytest.raises(TypeError, match=r"^`num_beams` must be an int >= 1, got str 'two'\.$"):
+        compare_generation(_model(), torch.tensor([[1, 2]]), {"s": dict(num_beams="two")}, max_new_tokens=2)
+
+
 def test_the_callers_tensors_are_untouched():
     logits, ids = LOGITS.clone(), IDS.clone()
     compare_step(logits, ids, {"a": dict(repetition_penalty=2.0), "b": dict(top_k=2)}, generator=_same_state(0))

@@ -320,7 +320,8 @@ def processors_for_config(
     guidance_scale = getattr(config, "guidance_scale", None)
     if guidance_scale not in (None, 1, 1.0) and unconditional is None:
         refuse_without_unconditional(guidance_scale)
-    built = host.logits_processor(deferred(config, host), prompt_length=prompt_length, processors=user,
+    watermarked = deferred(config, host) if getattr(config, "watermarking_config", None) is not None else config
+    built = host.logits_processor(watermarked, prompt_length=prompt_length, processors=user,
                                   device=device, attention_mask=attention_mask,
                                   prefix_allowed_tokens_fn=prefix_allowed_tokens_fn)
     if unconditional is not None:
@@ -328,8 +329,10 @@ def processors_for_config(
     # hfbridge.processors' samplers asked for by options, in their places (`community_options`)
     built = community_options.add_processors(built, config, tokenizer=tokenizer, generator=generator,
                                              prompt_length=prompt_length)
-    # HF's items in HF's order; each output is checked when called (prefix_allowed_tokens_fn's answers too)
-    return CheckedProcessorList(with_checked_prefix(built))
+    # HF's items in HF's order; each output is checked when called (prefix_allowed_tokens_fn's answers too, built
+    # from the argument or passed among `processors`)
+    checked = with_checked_prefix(built) if prefix_allowed_tokens_fn is not None or user else built
+    return CheckedProcessorList(checked)
 
 
 def check_prefix_allowed_tokens_fn(function: Any) -> None:

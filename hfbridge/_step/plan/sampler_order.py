@@ -44,9 +44,9 @@ from typing import Any
 
 from hfbridge.processors._rows import described
 
-__all__ = ["DEFAULT_ORDER", "Members", "apply_order", "groups", "parse_order"]
+__all__ = ["DEFAULT_SAMPLERS", "Members", "apply_order", "groups", "parse_order"]
 
-DEFAULT_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+DEFAULT_SAMPLERS = "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature"  # llama.cpp's `--samplers`
 
 # What a sampler's name stands for comes from the registry (`option_table.order_members`): llama.cpp's name ->
 # `(class name, option)` for each row that builds or switches that class (the callers pass it).
@@ -82,7 +82,7 @@ def parse_order(order: Any, members: Members) -> tuple[str, ...]:
         items: Sequence[Any] = [item.strip() for item in order.split(";")]
         if items == [""]:
             raise ValueError("`sampler_order` is empty: name the samplers in their order, e.g. "
-                             f"{';'.join(DEFAULT_ORDER)!r}.")
+                             f"{DEFAULT_SAMPLERS!r}.")
     elif isinstance(order, (list, tuple)):
         items = order
         if not items:

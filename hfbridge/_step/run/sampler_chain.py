@@ -14,7 +14,7 @@ its own generator; and the checks of the `Sampler`'s own arguments.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,12 +22,13 @@ from transformers import GenerationConfig
 
 from hfbridge._step.checks.option_checks import check_flag, per_row_from_config
 from hfbridge._step.plan.build_processors import make_generation_config, processors_for_config
+from hfbridge._step.plan.option_table import sampling_processors
 from hfbridge._step.plan.per_row import PerRowValues, split_per_row
 from hfbridge._step.plan.phase_options import check_thinking_options
 from hfbridge._step.run.per_row_draw import Generators, RowState
 from hfbridge._step.run.processor_list import CheckedProcessorList
 
-__all__ = ["ChainInputs", "build_chain", "check_arguments", "resolve_options"]
+__all__ = ["ChainInputs", "build_chain", "check_arguments", "first_warper", "resolve_options"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +93,12 @@ def resolve_options(generation_config: GenerationConfig | None, do_sample: bool 
                                       prompt_length=prompt_length, phased=True, **{**options, **phase})
 
     return config, per_row, thinking, prepare_phase
+
+
+def first_warper(processors: Sequence[Any]) -> int:
+    """The place of the chain's first warper (HF's or ours, or a per-row one); the length when there is none."""
+    warpers = sampling_processors() | {"PerRowTemperature"}
+    for place, processor in enumerate(processors):
+        if type(processor).__name__ in warpers or getattr(processor, "name", None) in warpers:
+            return place
+    return len(processors)

@@ -31,9 +31,8 @@ from hfbridge._step.run import sampler_choice as choice
 from hfbridge._step.run.layout import Layout, LayoutLike
 from hfbridge._step.run.per_row_draw import Generators, RowState, check_generators
 from hfbridge._step.run.phases import Phases, phases_of
-from hfbridge._step.run.sampler_chain import ChainInputs, build_chain, check_arguments, resolve_options
+from hfbridge._step.run.sampler_chain import ChainInputs, build_chain, check_arguments, first_warper, resolve_options
 from hfbridge._step.run.sampler_rows import StepInputs
-from hfbridge._step.run.sampler_state import first_warper
 
 __all__ = ["SamplerSetup"]
 
@@ -91,7 +90,8 @@ class SamplerSetup:
         self._rows = RowState(per_row, plan if plan is not None and len(plan.groups) > 1 else None)
         self.generation_config, self.do_sample = config, bool(config.do_sample)
         self._user_processors, self._prefix_allowed_tokens_fn = processors, prefix_allowed_tokens_fn
-        self._unconditional = checked_unconditional(unconditional)  # guidance_scale's logits
+        # guidance_scale's logits
+        self._unconditional = checked_unconditional(unconditional) if unconditional is not None else None
         self._tokenizer = tokenizer  # DRY's string breakers
         self._chain = ChainInputs(processors, prompt_length, attention_mask, prefix_allowed_tokens_fn,
                                   self._unconditional, tokenizer)
@@ -125,7 +125,8 @@ class SamplerSetup:
         return copied
 
     def _setup_generator(self, generator: Generators) -> None:
-        check_generators(generator)
+        if generator is not None:
+            check_generators(generator)
         self.generator = generator
         self._generator_fits: tuple[Any, torch.device] | None = None  # checked last, see `_check_generator`
 

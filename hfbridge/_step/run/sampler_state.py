@@ -17,15 +17,14 @@ protocol's calls to them, each with its own rows. `Sampler.reset`, `reorder` and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
-from hfbridge._step.plan.option_table import sampling_processors
 from hfbridge.processors._stateful import is_stateful
 
-__all__ = ["StepResult", "first_warper", "invalid_flags", "reorder", "rollback", "stateful_of"]
+__all__ = ["StepResult", "invalid_flags", "reorder", "rollback", "stateful_of"]
 
 
 @dataclasses.dataclass
@@ -84,15 +83,6 @@ def rollback(found: Stateful, lengths: torch.Tensor) -> None:
     """Each row now has `lengths[i]` tokens: every stateful processor's state goes back to that point."""
     for processor, index in found:
         processor.rollback(lengths if index is None else lengths.index_select(0, index.to(lengths.device)))
-
-
-def first_warper(processors: Sequence[Any]) -> int:
-    """The place of the chain's first warper (HF's or ours, or a per-row one); the length when there is none."""
-    warpers = sampling_processors() | {"PerRowTemperature"}
-    for place, processor in enumerate(processors):
-        if type(processor).__name__ in warpers or getattr(processor, "name", None) in warpers:
-            return place
-    return len(processors)
 
 
 def _local(beam_idx: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
