@@ -11,6 +11,9 @@ A trait is a class attribute, declared in the class's own body:
   mirostat and adaptive-p), so a chain holds at most one such sampler (`hfbridge._step.plan.community_options.build`).
 - `replaces_chain` (default: absent, False): llama.cpp runs it instead of its sampler chain (mirostat), so
   `sampler_order` cannot apply with it.
+- `reads_ids` (default: absent, True): False when `__call__` never reads `input_ids` (neither their values
+  nor their length), so a host may pass ids of any length: a serving engine's processor then skips building
+  the requests' histories and the padding they need (`hfbridge._step.checks.caller_inputs.reads_ids`).
 
 They are read from the class's own `__dict__` (`own_trait`), never inherited: a subclass that overrides
 `__call__` may modify or keep the ids, or be another sampler, so it declares its traits again (or has
@@ -32,7 +35,7 @@ from typing import Any
 
 __all__ = ["TRAITS", "own_trait"]
 
-TRAITS = ("keeps_ids_intact", "sampler_name", "picks_token", "replaces_chain")
+TRAITS = ("keeps_ids_intact", "sampler_name", "picks_token", "replaces_chain", "reads_ids")
 
 
 def own_trait(kind: type, name: str) -> Any:

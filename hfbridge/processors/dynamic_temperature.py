@@ -48,7 +48,8 @@ class DynamicTemperatureLogitsWarper(LogitsProcessor):
         exponent: Shapes the curve from entropy to temperature (> 0). Default: 1.0.
     """
 
-    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): keeps no ids
+    reads_ids = False  # nor reads them: an engine may skip building the histories
     sampler_name = "temperature"
 
     def __init__(self, temperature: Any, range: Any, exponent: Any = 1.0):

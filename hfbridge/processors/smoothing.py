@@ -43,7 +43,8 @@ class SmoothingLogitsWarper(LogitsProcessor):
         curve: 1 is quadratic; above 1 adds the cubic term (>= 1). Default: 1.0. One value, or one per row.
     """
 
-    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): keeps no ids
+    reads_ids = False  # nor reads them: an engine may skip building the histories
 
     def __init__(self, factor: Any, curve: Any = 1.0):
         self.factor = RowParam("factor", factor, minimum=0.0)

@@ -44,7 +44,8 @@ class TopNSigmaLogitsWarper(LogitsProcessor):
         min_tokens_to_keep: Keep at least this many of the best tokens (int >= 1). Default: 1.
     """
 
-    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): keeps no ids
+    reads_ids = False  # nor reads them: an engine may skip building the histories
     sampler_name = "top_n_sigma"
 
     def __init__(self, n: Any, filter_value: float = -float("inf"), min_tokens_to_keep: int = 1):

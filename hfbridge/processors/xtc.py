@@ -91,7 +91,8 @@ class XTCLogitsWarper(LogitsProcessor):
         filter_value: The score of a removed token. Default: -inf.
     """
 
-    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): reads the ids, keeps none
+    keeps_ids_intact = True  # traits (`hfbridge.processors._traits`): keeps no ids
+    reads_ids = False  # nor reads them: an engine may skip building the histories
     sampler_name = "xtc"
 
     def __init__(self, threshold: Any = 0.1, probability: Any = 0.5, min_tokens_to_keep: int = 1,

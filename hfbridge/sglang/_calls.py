@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
 from hfbridge.sglang._custom_params import RequestOptions, build_sampler, check_params
@@ -170,11 +171,15 @@ class Requests:
         first = members[0][2]
         sampler = first.own if first.own is not None else self._shared[first.shared]  # type: ignore[index]
         vocab = logits.shape[1]
-        histories = [_history(req, logits.device) for _, req, _ in members]
-        padded = len({len(history) for history in histories}) > 1
         rows = [row for row, _, _ in members]
         scores = logits[rows].float()  # [G, V] a copy: processors may write into it
-        if padded:  # left padding with id V, whose column is -inf, dropped after the call
+        histories: list[torch.Tensor] = []
+        if reads_ids(sampler.processors):
+            histories = [_history(req, logits.device) for _, req, _ in members]
+        padded = len({len(history) for history in histories}) > 1
+        if not histories:  # a chain that never reads the ids gets none
+            ids = torch.empty(len(rows), 0, dtype=torch.long, device=logits.device)  # [G, 0]
+        elif padded:  # left padding with id V, whose column is -inf, dropped after the call
             scores = torch.cat([scores, scores.new_full((len(rows), 1), float("-inf"))], dim=1)  # [G, V + 1]
             ids = torch.nn.utils.rnn.pad_sequence(histories, batch_first=True, padding_value=vocab,
                                                   padding_side="left")  # [G, T]

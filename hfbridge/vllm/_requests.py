@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
 from hfbridge.vllm._sampling_params import RequestOptions, build_sampler, check_request
@@ -103,7 +104,8 @@ class Requests:
         self._tokenizer: Any = None
         self._default_eos = tuple(default_eos)
         self.rows: dict[int, Row] = {}
-        self._samplers: dict[Hashable, list[Any]] = {}  # key -> [Sampler, rows using it]
+        # key -> [Sampler, rows using it, whether its chain reads the ids (`caller_inputs.reads_ids`)]
+        self._samplers: dict[Hashable, list[Any]] = {}
         self._buffer: torch.Tensor | None = None  # [R, V + 1] float32 scores, reused by every call
 
     # -- requests ---------------------------------------------------------------------------------
@@ -207,18 +209,25 @@ class Requests:
 
     def _process(self, logits: torch.Tensor, group: list[Entry], ids: GroupIds) -> None:
         first = self.rows[group[0].key]
-        sampler = first.own if first.own is not None else self._samplers[first.shared][0]
-        padded = first.own is None and not first.request.counts_from_prompt
+        if first.own is not None:  # a request's own chain: its history, unpadded
+            sampler, reads, padded = first.own, True, False
+        else:  # a shared chain that never reads the ids gets none (no histories built, no padding)
+            sampler, _, reads = self._samplers[first.shared]
+            padded = reads and not first.request.counts_from_prompt
         # float32 copies of the rows, into a buffer kept between steps (processors may write into it):
         # a fresh (rows, vocab) tensor per group and step costs more than the processors on a CPU.
-        # Rows are copied one by one: an index tensor would cross to the device (a copy that waits for it).
+        # Rows are copied a run of consecutive rows at a time: an index tensor would cross to the device (a copy
+        # that waits for it).
         scores = self._scratch(len(group), logits.device, padded)  # [G, V] or [G, V + 1]
-        for position, entry in enumerate(group):
-            scores[position, : self.vocab_size].copy_(logits[entry.row])
-        input_ids = ids(group, padded)  # [G, T]
+        runs = _runs([entry.row for entry in group])
+        vocab = self.vocab_size
+        for position, row, length in runs:
+            scores[position:position + length, :vocab].copy_(logits[row:row + length])
+        input_ids = ids(group, padded) if reads else \
+            torch.empty(len(group), 0, dtype=torch.long, device=logits.device)  # [G, T], or [G, 0]: never read
         processed = sampler.process(input_ids, scores)  # [G, V(+1)]
-        for position, entry in enumerate(group):
-            logits[entry.row].copy_(processed[position, : self.vocab_size])
+        for position, row, length in runs:
+            logits[row:row + length].copy_(processed[position:position + length, :vocab])
 
     def _scratch(self, rows: int, device: torch.device, padded: bool) -> torch.Tensor:
         """`(rows, vocab + padded)` float32 rows of a buffer kept between calls; the padding column at -inf."""
@@ -254,7 +263,7 @@ class Requests:
             shared = self._generator(self._key_seed(request.key)) if request.random else None
             sampler = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
                                     generator=shared)
-            self._samplers[key] = [sampler, 0]
+            self._samplers[key] = [sampler, 0, reads_ids(sampler.processors)]
         self._samplers[key][1] += 1
         row.shared = key
 
@@ -292,6 +301,22 @@ class Requests:
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
+
+
+def _runs(rows: Sequence[int]) -> list[tuple[int, int, int]]:
+    """`(position, row, length)` for each run of consecutive `rows` (a group's rows in the batch, in order).
+
+    >>> _runs([4, 5, 6, 1, 2, 9])
+    [(0, 4, 3), (3, 1, 2), (5, 9, 1)]
+    """
+    runs: list[tuple[int, int, int]] = []
+    for position, row in enumerate(rows):
+        if runs and runs[-1][1] + runs[-1][2] == row:
+            start, first, length = runs[-1]
+            runs[-1] = (start, first, length + 1)
+        else:
+            runs.append((position, row, 1))
+    return runs
 
 
 def group_ids(histories: Sequence[torch.Tensor], padded: bool, pad_id: int) -> torch.Tensor:

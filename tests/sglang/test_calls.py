@@ -44,6 +44,25 @@ def test_equal_options_share_one_call(model, monkeypatch):
     assert calls == [(4, 8), (4, 9)]  # one call per step for the four requests, padded to the longest
 
 
+def test_a_chain_that_never_reads_the_ids_gets_none(model, monkeypatch):
+    """Top-n-sigma and HF's warpers never read the ids (`reads_ids`): no histories are built for them, and the
+    tokens stay `hfbridge.generate`'s."""
+    from hfbridge._step.run.sampler import Sampler
+
+    calls = []
+    original = Sampler.process
+    monkeypatch.setattr(Sampler, "process", lambda self, ids, scores: calls.append((ids.shape, scores.shape[1]))
+                        or original(self, ids, scores))
+    opts = {"top_n_sigma": 2.0, "min_p": 0.05, "top_k": 0, "temperature": 0.9}
+    requests = [Req(f"x{i}", prompt, opts, greedy=False, eos=[EOS]) for i, prompt in enumerate(PROMPTS)]
+    generators = [torch.Generator().manual_seed(100 + i) for i in range(len(PROMPTS))]
+    outputs = run(model, requests, processor_per_call(Requests()), steps=3, generators=generators)
+    assert calls and all(shape[1] == 0 and width == V for shape, width in calls)  # no ids, no padding column
+    assert sum(shape[0] for shape, _ in calls) == 3 * len(PROMPTS)
+    for i, (prompt, output) in enumerate(zip(PROMPTS, outputs, strict=True)):
+        assert output == expected(model, prompt, opts, do_sample=True, steps=3, seed=100 + i), i
+
+
 @pytest.mark.parametrize("opts", [{"mirostat": 2, "mirostat_tau": 2.0, "mirostat_eta": 0.5}, {"mirostat": 1},
                                   {"adaptive_target": 0.3, "adaptive_decay": 0.5},
                                   {"thinking_budget": 2, "thinking_start": [5], "thinking_end": [8]}])

@@ -91,6 +91,41 @@ def test_each_row_equals_the_sampler_alone(options):
     assert torch.equal(result[6], logits[6])
 
 
+def test_interleaved_option_sets_each_equal_the_sampler_alone():
+    """Two option sets on alternating rows (each group's rows not consecutive), a row without options between."""
+    prompts, outputs = histories(7, seed=3)
+    sets = [{"xtc_probability": 1.0, "xtc_threshold": 0.05, "top_k": 0}, {"repetition_penalty": 1.3, "top_k": 4}]
+    chosen = [sets[0], sets[1], None, sets[0], sets[0], sets[1], sets[0]]
+    logits = torch.randn(7, V, generator=torch.Generator().manual_seed(4)) * 3
+    batch = Batch(vocab_size=V)
+    batch.update(added=[(i, params(chosen[i], temperature=1.0), prompts[i], outputs[i]) for i in range(7)])
+    result = batch.apply(logits.clone())
+    for i, options in enumerate(chosen):
+        expected = logits[i] if options is None else alone(options, prompts[i], outputs[i], logits[i], do_sample=True)
+        assert torch.equal(result[i], expected), i
+
+
+@pytest.mark.parametrize("options", GREEDY + SAMPLED, ids=lambda o: ",".join(o))
+def test_histories_are_built_only_for_a_chain_that_reads_them(options, monkeypatch):
+    from hfbridge._step.checks.caller_inputs import reads_ids
+
+    do_sample = options in SAMPLED
+    prompts, outputs = histories(3)
+    batch = Batch(vocab_size=V)
+    batch.update(added=[(i, params(options, temperature=1.0 if do_sample else 0.0), prompts[i], outputs[i])
+                        for i in range(3)])
+    built = []
+    monkeypatch.setattr(batch, "_ids", lambda group, padded, ids=batch._ids: built.append(padded) or ids(group, padded))
+    batch.apply(torch.randn(3, V))
+    extra = {"eos_token_id": [EOS]} if any(k in options for k in ("min_new_tokens", "min_length",
+                                                                  "exponential_decay_length_penalty")) else {}
+    sampler = Sampler(do_sample=do_sample, prompt_length=len(prompts[0]), **options, **extra)
+    assert bool(built) == reads_ids(sampler.processors)
+    idless = {"top_p", "top_k", "temperature", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_n_sigma",
+              "dynatemp_range", "smoothing_factor", "xtc_probability", "xtc_threshold"}
+    assert bool(built) == (not set(options) <= idless)  # by hand: the options whose processors never read ids
+
+
 def test_rows_without_options_are_bit_equal_and_not_copied():
     batch = Batch(vocab_size=V)
     batch.update(added=[(0, params(None), [3, 4], []), (1, params({}), [3], [])])

@@ -18,7 +18,7 @@ import torch
 
 from hfbridge.processors._traits import own_trait
 
-__all__ = ["check_not_meta", "extract_logits", "keeps_ids_intact"]
+__all__ = ["check_not_meta", "extract_logits", "keeps_ids_intact", "reads_ids"]
 
 
 def extract_logits(output: Any) -> torch.Tensor:
@@ -74,6 +74,34 @@ def _hf_intact_types() -> frozenset[type]:
 
     found = [getattr(logits_process, name, None) for name in intact_processors()]
     return frozenset(kind for kind in found if isinstance(kind, type))
+
+
+@functools.cache
+def _hf_idless_types() -> frozenset[type]:
+    """HF's processor classes the registry's rows say never read the ids (`reads_ids`: HF's warpers)."""
+    from transformers.generation import logits_process
+
+    from hfbridge._step.plan.option_table import idless_processors
+
+    found = [getattr(logits_process, name, None) for name in idless_processors()]
+    return frozenset(kind for kind in found if isinstance(kind, type))
+
+
+def reads_ids(processors: Iterable[Any]) -> bool:
+    """Whether any of `processors` may read the token ids (their values or their length): False only when each
+    is exactly one of HF's classes the registry says never reads them, or a class that declares `reads_ids =
+    False` in its own body (`hfbridge/processors/_traits.py`), so a host may skip building the ids.
+
+    >>> from transformers import TopKLogitsWarper
+    >>> from hfbridge.processors import DRYLogitsProcessor, XTCLogitsWarper
+    >>> reads_ids([TopKLogitsWarper(5), XTCLogitsWarper(0.1, 0.5)])
+    False
+    >>> reads_ids([DRYLogitsProcessor(0.8, sequence_breakers=[[3]])])
+    True
+    """
+    idless = _hf_idless_types()
+    return not all(type(processor) in idless or own_trait(type(processor), "reads_ids") is False
+                   for processor in processors)
 
 
 def keeps_ids_intact(processors: Iterable[Any]) -> bool:

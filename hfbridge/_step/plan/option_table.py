@@ -88,6 +88,8 @@ class OptionRow:
         order_name: HF's processor's name in llama.cpp's `sampler_order` (`"typ_p"`); hfbridge's classes declare
             theirs as the trait `sampler_name` (`hfbridge/processors/_traits.py`).
         keeps_ids_intact: HF's processor reads the ids without writing or keeping them (ours: the class's trait).
+        reads_ids: HF's processor reads the ids (their values or their length); False for HF's warpers, which
+            take them and never look (ours: the class's trait `reads_ids`).
         chain: "head" for HF's processors that hfbridge's penalties follow (see `hf_option_rows`).
         token_ids: Its value may hold token ids (checked against the vocabulary at the first step).
         drops_top_k: `value -> bool`: this value turns HF's default `top_k=50` off unless `top_k` is passed.
@@ -120,6 +122,7 @@ class OptionRow:
     switched_by: tuple[str, ...] = ()
     order_name: str | None = None
     keeps_ids_intact: bool = False
+    reads_ids: bool = True
     chain: str | None = None
     token_ids: bool = False
     drops_top_k: Callable[[Any], bool] | None = None
@@ -165,8 +168,9 @@ class OptionRow:
 
 def _hf(name: str, processor: str, off: Any, *, sampling: bool = True, integer: bool = False,
         **more: Any) -> OptionRow:
+    # HF's warpers (its sampling options) take the ids and never read them (`tests/step/test_reads_ids.py`)
     return OptionRow(name, processor, off=off, sampling=sampling, integer=integer, carried="field",
-                     keeps_ids_intact=True, **more)
+                     keeps_ids_intact=True, reads_ids=not sampling, **more)
 
 
 def _ours(name: str, processor: type, argument: str, default: Any, *, place: str, off: Any = None,
@@ -359,6 +363,11 @@ def per_row_options() -> tuple[str, ...]:
 def sampling_processors() -> frozenset[str]:
     """The class names of every warper (HF's and ours): a greedy row runs none of them."""
     return frozenset(kind for row in ROWS.values() if row.sampling for kind in row.classes)
+
+
+def idless_processors() -> frozenset[str]:
+    """The class names of HF's processors that never read the token ids (the rows' `reads_ids`)."""
+    return frozenset(row.processor for row in ROWS.values() if not row.reads_ids and isinstance(row.processor, str))
 
 
 _COMMUNITY_ROWS: dict[str, OptionRow] = {name: row for name, row in ROWS.items() if row.community}  # kept by `register`

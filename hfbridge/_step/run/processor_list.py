@@ -89,13 +89,15 @@ def _takes_scores_only(processor: Any) -> bool:
     without asking `inspect.signature` (which HF's list does for every processor at every step, a
     cost that grows once a step's large ops have evicted its code from the caches; figures in
     benchmarks/README.md). Only
-    transformers' own processor classes are remembered, by class, unless an instance carries its
-    own `__call__`; anything else goes through HF's list."""
+    transformers' and hfbridge's own processor classes are remembered, by class, unless an instance
+    carries its own `__call__`; anything else (a user's class, a subclass of ours in the user's module)
+    goes through HF's list."""
     kind = type(processor)
     known = _SCORES_ONLY.get(kind)
     if known is None:
-        from_hf = kind.__module__ == LogitsProcessorList.__module__
-        known = from_hf and len(inspect.signature(kind.__call__).parameters) == 3  # (self, input_ids, scores)
+        module = kind.__module__
+        ours = module == LogitsProcessorList.__module__ or module == "hfbridge" or module.startswith("hfbridge.")
+        known = ours and len(inspect.signature(kind.__call__).parameters) == 3  # (self, input_ids, scores)
         _SCORES_ONLY[kind] = known
     return known and "__call__" not in getattr(processor, "__dict__", ())
 
