@@ -208,8 +208,7 @@ def checked_arguments(adapter: ModelAdapter, input_ids: Any, *, attention_mask: 
                 "model (e.g. with Hooks' update_state) instead."
             )
     _check_streamer(streamer)
-    if generator is not None:
-        check_generators(generator)  # one, or a list with one per row
+    check_generators(generator)  # one, or a list with one per row
     for index, one in enumerate(generator if isinstance(generator, (list, tuple)) else [generator]):
         if one is not None and torch.device(one.device).type != device.type:
             name = "generator" if isinstance(generator, torch.Generator) else f"generator[{index}]"

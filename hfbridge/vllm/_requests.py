@@ -104,8 +104,7 @@ class Requests:
         self._tokenizer: Any = None
         self._default_eos = tuple(default_eos)
         self.rows: dict[int, Row] = {}
-        # key -> [Sampler, rows using it, whether its chain reads the ids (`caller_inputs.reads_ids`)]
-        self._samplers: dict[Hashable, list[Any]] = {}
+        self._samplers: dict[Hashable, list[Any]] = {}  # key -> [Sampler, rows using it]
         self._buffer: torch.Tensor | None = None  # [R, V + 1] float32 scores, reused by every call
 
     # -- requests ---------------------------------------------------------------------------------
@@ -209,11 +208,9 @@ class Requests:
 
     def _process(self, logits: torch.Tensor, group: list[Entry], ids: GroupIds) -> None:
         first = self.rows[group[0].key]
-        if first.own is not None:  # a request's own chain: its history, unpadded
-            sampler, reads, padded = first.own, True, False
-        else:  # a shared chain that never reads the ids gets none (no histories built, no padding)
-            sampler, _, reads = self._samplers[first.shared]
-            padded = reads and not first.request.counts_from_prompt
+        sampler = first.own if first.own is not None else self._samplers[first.shared][0]
+        reads = reads_ids(sampler.processors)  # a chain that never reads the ids gets none (no histories, no padding)
+        padded = reads and first.own is None and not first.request.counts_from_prompt
         # float32 copies of the rows, into a buffer kept between steps (processors may write into it):
         # a fresh (rows, vocab) tensor per group and step costs more than the processors on a CPU.
         # Rows are copied a run of consecutive rows at a time: an index tensor would cross to the device (a copy
@@ -263,7 +260,7 @@ class Requests:
             shared = self._generator(self._key_seed(request.key)) if request.random else None
             sampler = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
                                     generator=shared)
-            self._samplers[key] = [sampler, 0, reads_ids(sampler.processors)]
+            self._samplers[key] = [sampler, 0]
         self._samplers[key][1] += 1
         row.shared = key
 

@@ -126,6 +126,18 @@ def test_histories_are_built_only_for_a_chain_that_reads_them(options, monkeypat
     assert bool(built) == (not set(options) <= idless)  # by hand: the options whose processors never read ids
 
 
+def test_a_requests_own_chain_that_never_reads_the_ids_gets_none(monkeypatch):
+    """A seeded XTC request has a chain of its own (its coins from its seed); it reads no ids, so none are built."""
+    batch = Batch(vocab_size=V)
+    options = {"xtc_probability": 1.0, "xtc_threshold": 0.05, "top_k": 0}
+    batch.update(added=[(0, params(options, temperature=1.0, seed=5), [3, 4, 5], [6])])
+    built = []
+    monkeypatch.setattr(batch, "_ids", lambda group, padded, ids=batch._ids: built.append(padded) or ids(group, padded))
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(2)) * 3
+    result = batch.apply(logits.clone())
+    assert built == [] and not torch.equal(result, logits)  # processed: XTC removed its best tokens
+
+
 def test_rows_without_options_are_bit_equal_and_not_copied():
     batch = Batch(vocab_size=V)
     batch.update(added=[(0, params(None), [3, 4], []), (1, params({}), [3], [])])

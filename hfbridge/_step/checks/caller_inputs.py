@@ -64,27 +64,29 @@ def check_not_meta(logits: torch.Tensor) -> None:
         )
 
 
+def _hf_types(names: Iterable[str]) -> frozenset[type]:
+    """HF's processor classes of these names (those the installed transformers has)."""
+    from transformers.generation import logits_process
+
+    found = [getattr(logits_process, name, None) for name in names]
+    return frozenset(kind for kind in found if isinstance(kind, type))
+
+
 @functools.cache
 def _hf_intact_types() -> frozenset[type]:
     """HF's processor classes the registry's rows mark `keeps_ids_intact` (they rebind, never modify, the ids;
     not `PrefixConstrainedLogitsProcessor`: it calls the user's function with the ids)."""
-    from transformers.generation import logits_process
-
     from hfbridge._step.plan.hf_option_rows import intact_processors
 
-    found = [getattr(logits_process, name, None) for name in intact_processors()]
-    return frozenset(kind for kind in found if isinstance(kind, type))
+    return _hf_types(intact_processors())
 
 
 @functools.cache
 def _hf_idless_types() -> frozenset[type]:
     """HF's processor classes the registry's rows say never read the ids (`reads_ids`: HF's warpers)."""
-    from transformers.generation import logits_process
-
     from hfbridge._step.plan.option_table import idless_processors
 
-    found = [getattr(logits_process, name, None) for name in idless_processors()]
-    return frozenset(kind for kind in found if isinstance(kind, type))
+    return _hf_types(idless_processors())
 
 
 def reads_ids(processors: Iterable[Any]) -> bool:

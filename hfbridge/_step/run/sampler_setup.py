@@ -125,8 +125,7 @@ class SamplerSetup:
         return copied
 
     def _setup_generator(self, generator: Generators) -> None:
-        if generator is not None:
-            check_generators(generator)
+        check_generators(generator)
         self.generator = generator
         self._generator_fits: tuple[Any, torch.device] | None = None  # checked last, see `_check_generator`
 
