@@ -34,6 +34,7 @@ OPTIONS = {
     "DRY": {"dry_multiplier": 0.8, "dry_sequence_breakers": [[3]], "top_k": 0},
     "vLLM's six": {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.3, "top_k": 40,
                    "top_p": 0.9, "min_p": 0.05},
+    "mirostat 2": {"mirostat": 2, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "top_k": 0},
 }
 SLICES = (15, 17, 19, 21)  # log2 of the scores one call takes: 1, 4, 16 and 65 rows of 32001
 

@@ -162,8 +162,10 @@ class TopPTry(NamedTuple):
         return self.keep() & (self.cand > self.cand[:, -1:])
 
     def decided(self) -> torch.Tensor:
-        """`(batch, 1)` bool: rows where no token outside the candidates survives."""
-        return (self.kept < self.ids.shape[1]) & (self.cand.gather(1, self.kept - 1) > self.cand[:, -1:])
+        """`(batch, 1)` bool: rows where no token outside the candidates survives; never a row whose total is
+        NaN (a NaN or `+inf` score, which candidates chosen by comparison may leave out): its draw flags it."""
+        decided = (self.kept < self.ids.shape[1]) & (self.cand.gather(1, self.kept - 1) > self.cand[:, -1:])
+        return decided if self.total is None else decided & ~self.total.approx.isnan()
 
 
 def _sizes(vocab: int, last: int | None) -> list[int]:

@@ -188,7 +188,7 @@ class FastDraw:
         Used to explain an invalid row with exact mode's error: such a row keeps what made it
         invalid (its NaN, its `+inf`, or only `-inf`), as it does in HF.
         """
-        return self._state.materialize()
+        return self._state.private()
 
 
 def fast_draw(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: LogitsProcessorList,
@@ -226,7 +226,7 @@ def _run(input_ids: torch.Tensor | None, scores: torch.Tensor, processors: Any, 
         raise ValueError(f"`scores` must be a float32 tensor of shape (batch, vocab), got {got}.")
     if candidates is None:
         candidates = cpu_shortcuts(scores)
-    state = FastState(scores, read_only=read_only)
+    state = FastState(scores, read_only=read_only, memo=memo if candidates else None)  # CPU eager: lent buffers
     for index, processor in enumerate(processors):
         _apply(state, index, processor, input_ids, candidates, memo)
         if record is not None:
@@ -249,7 +249,7 @@ def _apply(state: FastState, index: int, processor: Any, input_ids: torch.Tensor
     elif kind is MinPLogitsWarper:
         if candidates and _min_p_on_candidates(state, processor):
             return
-        probs = torch.softmax(state.current(), dim=-1)  # bit for bit HF's probs
+        probs = state.softmax()  # bit for bit HF's probs
         # HF's comparison, negated (not `>=`): a NaN row keeps its NaN, as in HF
         keep = (probs < processor.min_p * probs.amax(dim=-1, keepdim=True)).logical_not_()
         if processor.min_tokens_to_keep > 1:  # with 1 the top token is never below min_p * top
@@ -264,11 +264,22 @@ def _apply(state: FastState, index: int, processor: Any, input_ids: torch.Tensor
         state.scores = check_processor_output(processor, lent, output, index=index)
         state.owned = output is not lent  # the borrowed tensor itself when it had nothing to do
     else:
-        scores = state.materialize()  # a private tensor: the processor may write into it
+        # a private tensor the processor may write into; one of its own unless the class is known to keep nothing
+        scores = state.materialize() if _keeps_no_scores(kind) else state.private()
         with owned_scores():
             output = processor(input_ids, scores)
         # a processor run here gets the check CheckedProcessorList gives it in exact mode
         state.scores = check_processor_output(processor, scores, output, index=index)
+        state.lent = state.lent and state.scores is scores
+
+
+def _keeps_no_scores(kind: type) -> bool:
+    """Whether `kind` is one of hfbridge's samplers or transformers' processors, which keep no reference to the
+    scores they receive: they may get a buffer the fast path lends itself from step to step (`workspace.py`)."""
+    return kind.__module__.startswith(_KEEP_NO_SCORES)
+
+
+_KEEP_NO_SCORES = ("hfbridge.processors.", "transformers.generation.")
 
 
 def _top_k(state: FastState, processor: TopKLogitsWarper, candidates: bool) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from hfbridge._step.fast.pending import Drawn, Pending
 from hfbridge._step.fast.weighted_draw import draw_checked
+from hfbridge._step.fast.workspace import lend_like
 
 __all__ = ["FastState"]
 
@@ -34,11 +35,14 @@ class FastState:
 
     # Slots: under torch.compile, torch 2.13's dynamo drops the attribute writes made after a
     # `torch.cond` (the fixed-shape top-p's) to an object with a `__dict__` created in the graph.
-    __slots__ = ("filter_value", "owned", "pending", "scores", "temperature")
+    __slots__ = ("__weakref__", "filter_value", "lent", "memo", "owned", "pending", "scores", "temperature")
 
-    def __init__(self, scores: torch.Tensor, *, read_only: bool = False) -> None:
+    def __init__(self, scores: torch.Tensor, *, read_only: bool = False, memo: dict | None = None) -> None:
         self.scores = scores  # [N, V] float32
         self.owned = not read_only  # False: the caller's tensor, copied before anything writes to it
+        # the Sampler's memo on CPU eager (None elsewhere): buffers lent from step to step (`workspace.py`)
+        self.memo = memo
+        self.lent = False  # `scores` is such a buffer: never handed to a processor or a caller (`private`)
         self.pending: Pending | None = None  # a filter decided but not written into `scores`
         self.filter_value = _NEG_INF  # what `pending` writes over the tokens it removes
         # a division not yet applied to `scores`: HF's float, or `(rows, 1)` float32 (per-row values)
@@ -61,9 +65,27 @@ class FastState:
                     self.scores, self.owned = self.scores * factor, True
             elif self.owned:
                 self.scores.div_(temperature)  # HF: scores / temperature
+            elif self.memo is not None:  # the same division, into a buffer lent from step to step
+                out = lend_like(self.scores, self, self.memo, "scores")
+                self.scores, self.owned, self.lent = torch.div(self.scores, temperature, out=out), True, True
             else:
                 self.scores, self.owned = self.scores / temperature, True
             self.temperature = None
+        return self.scores
+
+    def softmax(self) -> torch.Tensor:
+        """`softmax(current())` `(N, V)`, on CPU eager into a lent buffer: for the step's own use only."""
+        scores = self.current()
+        if self.memo is None:
+            return torch.softmax(scores, dim=-1)
+        return torch.softmax(scores, dim=-1, out=lend_like(scores, self, self.memo, "probs"))
+
+    def private(self) -> torch.Tensor:
+        """`materialize`, in a tensor that is the caller's to keep: what a processor or a caller receives (a
+        lent buffer is written again at a later step)."""
+        scores = self.materialize()
+        if self.lent:
+            self.scores, self.lent = scores.clone(), False
         return self.scores
 
     def current(self) -> torch.Tensor:
@@ -106,4 +128,4 @@ class FastState:
             drawn = self.pending.draw(self.scores, generator)
             if drawn is not None:
                 return drawn
-        return draw_checked(torch.softmax(self.materialize(), dim=-1), generator)
+        return draw_checked(self.softmax(), generator)

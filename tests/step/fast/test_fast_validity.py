@@ -244,3 +244,34 @@ def test_generate_names_the_step_and_row(fast):
     with pytest.raises(ValueError, match=re.escape("generate(): at step 1: ")) as info:
         generate(_model_with_fault(inf_row, at_step=1), PROMPT, max_new_tokens=5, do_sample=True, top_k=5, fast=fast)
     assert "row 0" in str(info.value) and "inf" in str(info.value)
+
+
+@pytest.mark.parametrize("options", [
+    dict(temperature=0.7, top_p=0.9, top_k=0), dict(top_p=0.9, top_k=0), dict(temperature=1.0, top_p=0.95, top_k=0),
+    dict(temperature=0.8, min_p=0.05, top_k=0), dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05),
+    dict(temperature=0.7, top_p=0.3, top_k=0),
+    dict(temperature=[0.6, 0.9, 1.2, 0.7], top_p=[0.9, 0.8, 0.95, 0.6], top_k=0),
+], ids=lambda options: str(sorted(options.items())))
+@pytest.mark.parametrize("kind", ["nan", "inf", "all -inf"])
+def test_a_bad_row_after_earlier_steps_raises_as_at_the_first(options, kind):
+    """After steps that taught the sampler where its cuts lie (the next step's candidates are the tokens above a
+    floor, chosen by comparison, which leaves NaN out), a row with NaN, +inf or nothing left still raises
+    exact mode's error naming it: it used to get a token from the candidates (rows with NaN, 4 rows, top-p)."""
+    from _zipf import zipf
+
+    def rows(step):  # Zipf-like and flat rows
+        flat = torch.randn(2, 4096, generator=torch.Generator().manual_seed(step)) * 2
+        return torch.cat([zipf(2, 4096, seed=step), flat])
+
+    ids = torch.zeros(4, 1, dtype=torch.long)
+    for row, place in [(0, 5), (3, 2000)]:
+        sampler = Sampler(fast=True, do_sample=True, generator=torch.Generator().manual_seed(0), **options)
+        for step in range(3):
+            sampler(rows(step), ids)
+        bad = rows(9)
+        if kind == "all -inf":
+            bad[row] = -INF
+        else:
+            bad[row, place] = NAN if kind == "nan" else INF
+        with pytest.raises(ValueError, match=rf"\brow {row}\b"):
+            sampler(bad, ids)

@@ -77,7 +77,7 @@ def top_p_plan(state: FastState, top_p: TopP, at_least: int, *, candidates: bool
         first = torch.arange(cand.shape[1], device=cand.device) < kept  # [N, K]
         return Candidates(previous.ids, previous.cand, previous.keep & first)
     scores = state.current()  # [N, V], read only
-    probs = torch.softmax(scores, dim=-1)  # [N, V]
+    probs = state.softmax()  # [N, V]
     if candidates:
         if scores.shape[0] == 1:
             found = one_row_kept(scores, probs, float(top_p), at_least, memo)  # a (1, 1) top-p: its float

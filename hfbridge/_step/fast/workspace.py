@@ -1,0 +1,46 @@
+"""Vocabulary-sized buffers the fast path lends itself from step to step on the CPU.
+
+A `(rows, vocab)` float32 tensor allocated fresh at every step costs more than the work done in it
+when the C allocator has handed the memory back to the system since the last step: every 4 KiB page
+is then faulted in and zeroed again. glibc's `malloc` does this for blocks of several MiB (they are
+mapped, or trimmed from the top of the heap once free), and at `(32, 128256)` a step that allocated
+its probabilities anew faulted 800 to 8,000 pages, 2 to 17 ms of a 12 ms step
+(`benchmarks/step.py --reads`). A `Sampler` keeps its buffers in its memo dict between steps.
+
+Only buffers that never leave the step are lent (the softmax behind a top-p or min-p cut): the
+pending decision that holds one lives on the step's `FastState`, which outlives the step while the
+`Sampler` keeps the step's draw for a later error message; the buffer goes back to the memo when that
+state is gone, so a buffer is never written while anything of its step can still read it. Two steps
+of one `Sampler` at once (threads) each find or make their own.
+
+>>> import torch
+>>> from hfbridge._step.fast.state import FastState
+>>> memo, scores = {}, torch.zeros(2, 8)
+>>> state = FastState(scores)
+>>> buffer = lend_like(scores, state, memo, "probs")
+>>> "probs" in memo
+False
+>>> del state                                             # the step is over: the buffer is back
+>>> memo["probs"] is buffer
+True
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+__all__ = ["lend_like"]
+
+
+def lend_like(like: torch.Tensor, owner: Any, memo: dict | None, key: str) -> torch.Tensor:
+    """An uninitialised contiguous tensor shaped as `like`, from `memo[key]` when it fits; back there once
+    `owner` (the step's `FastState`) is gone. Without a memo (one-off calls) a fresh tensor."""
+    buffer = None if memo is None else memo.pop(key, None)
+    if buffer is None or buffer.shape != like.shape or buffer.dtype != like.dtype or buffer.device != like.device:
+        buffer = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    if memo is not None:
+        weakref.finalize(owner, memo.__setitem__, key, buffer)
+    return buffer
