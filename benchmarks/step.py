@@ -7,6 +7,7 @@
     python benchmarks/step.py --quick     # targets and two sizes, fewer repeats
     python benchmarks/step.py --wall      # wall-clock time instead of this thread's CPU time
     python benchmarks/step.py --one-shot  # time sample_step(...) itself (rebuilds processors per call)
+    python benchmarks/step.py --reads     # the fast step in reads of the logits at every temperature, and its parts
 
 Method: one thread (`torch.set_num_threads(1)`), each call timed with `time.thread_time()` (CPU
 time of this thread: robust on a shared machine) unless `--wall`; within one cell the
@@ -146,14 +147,18 @@ class _PeakMemory(TorchDispatchMode):
         return out
 
 
-def peak_extra_memory(step, logits, input_ids) -> float | None:
-    """Peak memory a step allocates on CPU (tensors alive at once), in units of the logits' bytes."""
-    if logits.device.type != "cpu" or _heap_in_use() is None:
+def peak_extra_memory(make_step, logits, input_ids) -> float | None:
+    """Peak memory a step allocates on CPU (tensors alive at once), in units of the logits' bytes: a second step
+    of a new `make_step()`, over what was in use before its first, so that the buffers a `Sampler` keeps from
+    one step to the next (`hfbridge/_step/fast/workspace.py`) are counted."""
+    base = _heap_in_use()
+    if logits.device.type != "cpu" or base is None:
         return None
-    step(logits, input_ids)  # warm-up: lazily built tables and caches are not the step's
+    step = make_step()
+    step(logits, input_ids)  # warm-up: what it keeps for the next step is counted from `base`
     with _PeakMemory() as meter:
         step(logits, input_ids)
-    return (meter.peak - (meter.base or 0)) / (logits.numel() * logits.element_size())
+    return (meter.peak - base) / (logits.numel() * logits.element_size())
 
 
 def targets(repeats: int, one_shot: bool, compiled: bool = True) -> None:
@@ -194,12 +199,52 @@ def targets(repeats: int, one_shot: bool, compiled: bool = True) -> None:
     t, fast, logits, input_ids = top_p_cell("flat", 32, 128256, 0.8)
     row("flat top-p 0.9, T=0.8, B=32, V=128256: HF / fast >= 8", t, f"{t['hf'] / t['fast']:.1f}x",
         t["hf"] / t["fast"] >= 8)
-    memory = peak_extra_memory(fast, logits, input_ids)
+    options = dict(do_sample=True, temperature=0.8, top_p=0.9, top_k=0)
+    memory = peak_extra_memory(lambda: bridge(options, torch.Generator().manual_seed(1), fast=True,
+                                              one_shot=one_shot), logits, input_ids)
     if memory is not None:
         print(f"| flat top-p 0.9, T=0.8, B=32, V=128256: peak extra memory <= 3x the logits | - | - | - | "
               f"{memory:.2f}x | {'PASS' if memory <= 3 else 'MISS'} |", flush=True)
     if compiled:
         compiled_vs_eager(repeats)
+
+
+def reads(repeats: int) -> None:
+    """The fast step (temperature + top-p 0.9) at B=32, V=128256 in reads of the logits (`amax`), at every
+    temperature on flat and realistic rows, beside what any route that needs the probabilities' total pays:
+    the division by the temperature and the softmax (whose `exp` is the cost), and the pages the step faults in."""
+    import resource
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    print(f"\n### the fast step in reads of the logits (CPU: {describe('cpu')}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread(s), thread CPU time, median of {repeats}, round-robin)\n")
+    print("| logits | T | fast ms | amax ms | fast / amax | division / amax | softmax / amax | exp / amax | "
+          "pages faulted per step |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    generator = torch.Generator().manual_seed(0)
+    for kind in ("realistic", "flat"):
+        logits = make_logits(kind, 32, 128256, generator)  # [B, V]
+        input_ids = torch.randint(0, 128256, (32, PROMPT), generator=generator)
+        for temperature in (0.7, 0.8, 1.0):
+            fast = Sampler(generator=torch.Generator().manual_seed(1), fast=True, do_sample=True,
+                           temperature=temperature, top_p=0.9, top_k=0)
+            parts = {"fast": fast, "floor": floor,
+                     "division": lambda x, _, t=temperature: x / t,
+                     "softmax": lambda x, _: torch.softmax(x, dim=-1),
+                     "exp": lambda x, _: torch.exp(x)}
+            for _ in range(3):  # the sampler learns where its cuts lie, as in a generation
+                fast(logits, input_ids)
+            before = faults()
+            for _ in range(repeats):
+                fast(logits, input_ids)
+            faulted = (faults() - before) / repeats
+            t = measure(parts, logits, input_ids, repeats, lambda: None)
+            base = t["floor"]
+            print(f"| {kind} | {temperature} | {t['fast'] * 1e3:.2f} | {base * 1e3:.3f} | {t['fast'] / base:.1f} | "
+                  f"{t['division'] / base:.1f} | {t['softmax'] / base:.1f} | {t['exp'] / base:.1f} | {faulted:.0f} |",
+                  flush=True)
 
 
 def compiled_vs_eager(repeats: int) -> None:
@@ -319,6 +364,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two sizes, 3 repeats")
     parser.add_argument("--targets", action="store_true", help="only the step's speed targets")
     parser.add_argument("--table", action="store_true", help="only the full table (no targets)")
+    parser.add_argument("--reads", action="store_true",
+                        help="only the fast step in reads of the logits at every temperature, and its parts")
     parser.add_argument("--no-compile", action="store_true",
                         help="skip the torch.compile comparison (its first compile takes minutes on CPU)")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per cell (default 7, quick 3)")
@@ -335,6 +382,9 @@ def main() -> None:
     if args.wall:
         CLOCK = time.perf_counter
     repeats = args.repeats or (3 if args.quick else 7)
+    if args.reads:
+        reads(repeats)
+        return
     if not args.table:
         targets(repeats, args.one_shot, compiled=not args.no_compile)
     if args.targets:
