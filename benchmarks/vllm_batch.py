@@ -7,8 +7,10 @@
 option set share a chain, and `Requests.run` hands it the group in slices of at most `_CPU_CALL_SCORES`
 scores on a CPU. Each step appends one token to every request's output, then times `Batch.apply` on a copy of
 the same `(32, 32000)` logits with thread CPU time (one thread), for each slice size in turn (round-robin),
-and prints the medians after 5 warm-up steps. Option sets: XTC, top-n-sigma, DRY, and vLLM's six
-(repetition / presence / frequency penalties, top-k, top-p, min-p).
+and prints the medians after 5 warm-up steps. Option sets: XTC, top-n-sigma, DRY, vLLM's six
+(repetition / presence / frequency penalties, top-k, top-p, min-p), and mirostat 2, whose requests each run a
+chain of their own (one row a call, whatever the slice); beside it, the same mirostat chain called once on all
+the rows (what one chain shared by the requests would cost, were their states kept apart).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def main() -> None:
                 start = time.thread_time()
                 batch.apply(scores)
                 times[(name, size)].append(time.thread_time() - start)
+    shared = _one_mirostat_chain(logits, arguments.steps)
     print(f"Batch.apply, {arguments.requests} requests, V={arguments.vocab}, thread CPU ms (median of "
           f"{arguments.steps - 5} steps); slice = 2^k scores per chain call")
     print("| options | " + " | ".join(f"2^{size}" for size in SLICES) + " |")
@@ -78,6 +81,27 @@ def main() -> None:
     for name in OPTIONS:
         cells = " | ".join(f"{statistics.median(times[(name, size)][5:]) * 1e3:.2f}" for size in SLICES)
         print(f"| {name} | {cells} |")
+    print(f"\nmirostat 2, one chain called once on all {arguments.requests} rows: {shared:.2f} ms")
+
+
+def _one_mirostat_chain(logits: torch.Tensor, steps: int) -> float:
+    """Median thread CPU ms of one mirostat 2 chain's `Sampler.process` on all the rows, one token more a step."""
+    from hfbridge.vllm._sampling_params import build_sampler, check_request
+
+    params = SimpleNamespace(extra_args={"hfbridge": OPTIONS["mirostat 2"]}, temperature=1.0, all_stop_token_ids={2},
+                             seed=None)
+    sampler = build_sampler(check_request(params), prompt_length=None, eos_token_id=[2], tokenizer=None,
+                            generator=None)
+    rows, vocab = logits.shape
+    ids = torch.randint(0, vocab, (rows, 256))  # [B, T]
+    times = []
+    for _ in range(steps):
+        ids = torch.cat([ids, torch.randint(0, vocab, (rows, 1))], dim=1)
+        scores = logits.clone()
+        start = time.thread_time()
+        sampler.process(ids, scores)
+        times.append(time.thread_time() - start)
+    return statistics.median(times[5:]) * 1e3
 
 
 if __name__ == "__main__":

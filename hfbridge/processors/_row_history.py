@@ -70,6 +70,7 @@ class RowHistory:
 
     def reset(self) -> None:
         """Forget every row."""
+        self._follow: torch.Tensor | None = None  # [B] long: the next lookup's rows, as the caller said (`follow`)
         self.ids: torch.Tensor | None = None  # [B, P] the last call's tokens (-1 after a rollback's cut)
         self.states: torch.Tensor | None = None  # [B, P + 1, K] S(n) for n = 0..P
         self.known: torch.Tensor | None = None  # [B, P + 1] bool
@@ -89,6 +90,12 @@ class RowHistory:
                                                                            device=device)
         return self._kinds[key]
 
+    def follow(self, source: torch.Tensor) -> None:
+        """At the next `lookup` only: row `i` continues row `source[i]` of the last call (-1: a new sequence), by
+        the caller's word instead of by its tokens, whose last one is the token chosen since (an engine that
+        knows its requests: `hfbridge/vllm/_requests.py`). No device read."""
+        self._follow = source
+
     @property
     def length(self) -> int | None:
         """`P`, the last call's sequence length (None before the first call)."""
@@ -102,8 +109,15 @@ class RowHistory:
         ids, states, known = self.ids, self.states, self.known
         none = torch.zeros(rows, dtype=torch.bool, device=device)
         blank = torch.zeros(rows, width, dtype=dtype, device=device)
+        follow, self._follow = self._follow, None
         if ids is None or states is None or known is None or ids.device != device or states.shape[-1] != width:
             return Found(torch.zeros(rows, dtype=torch.long, device=device), none, none, blank, blank)
+        if follow is not None:  # the caller says which row each continues: the last call's state at its length
+            source = follow.to(device=device, dtype=torch.long)  # [B]
+            named = (source >= 0) & (source < ids.shape[0])
+            source = torch.where(named, source, 0)
+            previous = named & known[source, ids.shape[1]]
+            return Found(source, none, previous, blank, states[source, ids.shape[1]].to(dtype))
         past = ids.shape[1]
         if length == 0 or length - 1 > past:
             return Found(torch.zeros(rows, dtype=torch.long, device=device), none, none, blank, blank)

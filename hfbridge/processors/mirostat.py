@@ -89,6 +89,13 @@ class MirostatLogitsWarper(LogitsProcessor):
             if value is not None:
                 setattr(self, name, value.index_select(0, index.to(value.device)))
 
+    def follow(self, source: torch.Tensor) -> None:
+        """At the next call only: row `i` continues row `source[i]` of the last call (`(rows,)` long, -1: a new
+        sequence), as the caller says, instead of matching rows by their tokens; `input_ids[:, -1]` is still
+        the token chosen since. hfbridge's vLLM processor runs one chain for the requests of equal options
+        this way. No host read."""
+        self._history.follow(source)
+
     def rollback(self, lengths: torch.Tensor) -> None:
         """Each row's sequence now has `lengths[i]` tokens: its `mu` becomes the one the call on that many
         tokens used, as if the tokens after had never been seen (one past the last call continues it as usual).

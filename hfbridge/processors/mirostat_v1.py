@@ -99,6 +99,13 @@ class MirostatV1LogitsWarper(LogitsProcessor):
             if self._listed is not None:
                 self._listed = (self._listed[0][index], self._listed[1][index], self._listed[2])
 
+    def follow(self, source: torch.Tensor) -> None:
+        """At the next call only: row `i` continues row `source[i]` of the last call (`(rows,)` long, -1: a new
+        sequence), as the caller says, instead of matching rows by their tokens; `input_ids[:, -1]` is still
+        the token chosen since. hfbridge's vLLM processor runs one chain for the requests of equal options
+        this way. No host read."""
+        self._history.follow(source)
+
     def rollback(self, lengths: torch.Tensor) -> None:
         """Row `i` now has `lengths[i]` tokens; its state is what it was then."""
         self._history.rollback(lengths)

@@ -14,8 +14,13 @@ chain:
 - rows whose options count from the end of the prompt (`min_new_tokens`, presence/frequency
   penalties without `penalty_last_n`, ...) share a call with rows of the same prompt length and
   length so far, without padding, through a `Sampler` built for that prompt length;
-- a request whose options keep a state across steps (mirostat), or draw with the request's own
-  `seed` (XTC), has a `Sampler` of its own, which follows that one request wherever vLLM moves it.
+- requests whose options keep a state across steps (mirostat, adaptive-p) share one `Sampler` too, called on
+  all their rows at once (never in slices): before each call its stateful processors are told which row of
+  the last call each row continues (`follow`: the same request, one token longer; else a new state), so each
+  request keeps its own state wherever vLLM moves it. If that call fails, every request of it is ended (the
+  states of the others are no longer known);
+- a request that draws with its own `seed` (XTC), whose stateful options cannot be followed so (a thinking
+  budget), or whose state counts from its prompt, has a `Sampler` of its own, which follows that one request.
 
 The runners differ only in where a group's token ids come from (`_batch.Batch`: a `History` per
 request; `_slots.Slots`: vLLM's own token buffer), which each passes to `Requests.run`. Rows without
@@ -39,6 +44,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import zlib
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -49,6 +55,7 @@ import torch
 from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
+from hfbridge._step.run.stateful_members import stateful_members
 from hfbridge.vllm._sampling_params import RequestOptions, build_sampler, check_request
 
 logger = logging.getLogger(__name__)
@@ -65,8 +72,9 @@ class Row:
     stop_ids: tuple[int, ...]
     history: Any = None  # the V1 runner's `History`; None under Model Runner V2 (vLLM's buffer holds it)
     shared: Hashable | None = None  # its key in `Requests._samplers`, when it shares a Sampler
-    own: Sampler | None = None  # its own Sampler (stateful or seeded)
+    own: Sampler | None = None  # its own Sampler (seeded, or a state that cannot be followed)
     failed: str | None = None  # why the request is being ended
+    serial: int = -1  # unique to this request in its `Requests` (a shared state follows it, not its index)
 
 
 class Entry(NamedTuple):
@@ -105,6 +113,9 @@ class Requests:
         self._default_eos = tuple(default_eos)
         self.rows: dict[int, Row] = {}
         self._samplers: dict[Hashable, list[Any]] = {}  # key -> [Sampler, rows using it]
+        # key of a shared Sampler with a state -> {serial: (row in its last call, length then)}
+        self._followed: dict[Hashable, dict[int, tuple[int, int]]] = {}
+        self._serials = itertools.count()
         self._buffer: torch.Tensor | None = None  # [R, V + 1] float32 scores, reused by every call
 
     # -- requests ---------------------------------------------------------------------------------
@@ -136,6 +147,7 @@ class Requests:
                 self._attach(row, params)
             except Exception as error:
                 self._fail_row(row, str(error))
+        row.serial = next(self._serials)
         self.rows[index] = row
         return row
 
@@ -178,8 +190,9 @@ class Requests:
                 for entry in group:
                     logits[entry.row] = self.ended(logits[entry.row], self.rows[entry.key].stop_ids)
                 continue
-            for start in range(0, len(group), most):
-                self._run_group(logits, group[start:start + most], ids)
+            step = len(group) if key in self._followed else most  # one call for a followed state
+            for start in range(0, len(group), step):
+                self._run_group(logits, group[start:start + step], ids)
 
     def ended(self, scores: torch.Tensor, stops: Sequence[int]) -> torch.Tensor:
         """`(..., vocab)` `scores` that allow only `stops` (a non-finite one becomes 0), so vLLM ends the request.
@@ -198,10 +211,15 @@ class Requests:
             self._process(logits, group, ids)
             return
         except Exception as error:
-            if len(group) == 1:
-                entry = group[0]
-                self.fail(entry.key, f"hfbridge's chain failed at this step: {error}")
-                logits[entry.row] = self.ended(logits[entry.row], self.rows[entry.key].stop_ids)
+            key = self.rows[group[0].key].shared
+            if len(group) == 1 or key in self._followed:
+                reason = f"hfbridge's chain failed at this step: {error}"
+                if key in self._followed:  # a shared state: the call may have updated some rows and not others
+                    self._followed[key] = {}
+                    reason += f" (a chain with a state, shared by {len(group)} requests: every one of them ends)"
+                for entry in group:
+                    self.fail(entry.key, reason)
+                    logits[entry.row] = self.ended(logits[entry.row], self.rows[entry.key].stop_ids)
                 return
         for entry in group:  # find the request(s) at fault; the others still get their scores
             self._run_group(logits, [entry], ids)
@@ -215,14 +233,26 @@ class Requests:
         # a fresh (rows, vocab) tensor per group and step costs more than the processors on a CPU.
         # Rows are copied a run of consecutive rows at a time: an index tensor would cross to the device (a copy
         # that waits for it).
+        followed = self._followed.get(first.shared) if first.own is None else None
+        padded = padded and followed is None  # a followed chain reads only the last token of each row
         scores = self._scratch(len(group), logits.device, padded)  # [G, V] or [G, V + 1]
         runs = _runs([entry.row for entry in group])
         vocab = self.vocab_size
         for position, row, length in runs:
             scores[position:position + length, :vocab].copy_(logits[row:row + length])
-        input_ids = ids(group, padded) if reads else \
-            torch.empty(len(group), 0, dtype=torch.long, device=logits.device)  # [G, T], or [G, 0]: never read
+        if followed is not None:  # each row continues the same request's row of the last call, or starts fresh
+            input_ids = ids(group, True)[:, -1:]  # [G, 1]: each row's last token (left padding), all the chain reads
+            source = [_source(followed.get(self.rows[entry.key].serial), entry.length) for entry in group]
+            rows_before = torch.tensor(source, device=logits.device)  # [G]
+            for member in stateful_members(sampler.processors):
+                member.follow(rows_before)
+        else:
+            input_ids = ids(group, padded) if reads else \
+                torch.empty(len(group), 0, dtype=torch.long, device=logits.device)  # [G, T], or [G, 0]: never read
         processed = sampler.process(input_ids, scores)  # [G, V(+1)]
+        if followed is not None:
+            self._followed[first.shared] = {self.rows[entry.key].serial: (position, entry.length)
+                                            for position, entry in enumerate(group)}
         for position, row, length in runs:
             logits[row:row + length].copy_(processed[position:position + length, :vocab])
 
@@ -249,18 +279,26 @@ class Requests:
             eos = list(row.stop_ids) or None
         tokenizer = self._load_tokenizer() if request.string_breakers else None
         seed = getattr(params, "seed", None)
-        if request.stateful or (request.random and seed is not None):
+        prompt_length = row.prompt_length if request.counts_from_prompt else None
+        key = (request.key, None if eos is None else tuple(eos), prompt_length)
+        own = (request.random and seed is not None) or (request.stateful and request.counts_from_prompt)
+        if not own and key not in self._samplers:
+            shared = self._generator(self._key_seed(request.key)) if request.random else None
+            sampler = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
+                                    generator=shared)
+            members = stateful_members(sampler.processors)
+            # a chain per request for a state that only its rows' tokens can follow (a thinking budget), or beside
+            # processors that read the histories (padded, a row could take another route than alone)
+            own = bool(members) and not _followable(sampler.processors, members)
+            if not own:
+                self._samplers[key] = [sampler, 0]
+                if members:
+                    self._followed[key] = {}
+        if own:
             generator = self._generator(seed if seed is not None else self._key_seed(request.key))
             row.own = build_sampler(request, prompt_length=row.prompt_length, eos_token_id=eos,
                                     tokenizer=tokenizer, generator=generator if request.random else None)
             return
-        prompt_length = row.prompt_length if request.counts_from_prompt else None
-        key = (request.key, None if eos is None else tuple(eos), prompt_length)
-        if key not in self._samplers:
-            shared = self._generator(self._key_seed(request.key)) if request.random else None
-            sampler = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
-                                    generator=shared)
-            self._samplers[key] = [sampler, 0]
         self._samplers[key][1] += 1
         row.shared = key
 
@@ -271,6 +309,7 @@ class Requests:
         entry[1] -= 1
         if entry[1] == 0:
             del self._samplers[row.shared]
+            self._followed.pop(row.shared, None)
         row.shared = None
 
     def fail(self, index: int, reason: str) -> None:
@@ -298,6 +337,18 @@ class Requests:
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
+
+
+def _followable(processors: Sequence[Any], members: Sequence[Any]) -> bool:
+    """Whether one chain can serve several requests with a state: each stateful member takes `follow`, and no
+    other processor reads the token ids (the members read only each row's last token)."""
+    return all(callable(getattr(member, "follow", None)) for member in members) and \
+        not reads_ids([processor for processor in processors if not any(processor is m for m in members)])
+
+
+def _source(last: tuple[int, int] | None, length: int) -> int:
+    """The row of the last call a request's row continues: its own, when it had one token less then; else -1."""
+    return last[0] if last is not None and last[1] + 1 == length else -1
 
 
 def _runs(rows: Sequence[int]) -> list[tuple[int, int, int]]:

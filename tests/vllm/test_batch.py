@@ -199,6 +199,82 @@ def test_mirostat_keeps_its_state_per_request_across_moves():
             outputs[request].append(int(expected.argmax()))
 
 
+STATEFUL = [{"mirostat": 2, "mirostat_tau": 2.0, "mirostat_eta": 0.5},
+            {"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.5, "mirostat_m": 20, "top_k": 0},
+            {"adaptive_target": 0.3, "adaptive_decay": 0.5, "top_k": 0}]
+
+
+@pytest.mark.parametrize("options", STATEFUL, ids=["mirostat2", "mirostat1", "adaptive_p"])
+def test_requests_sharing_a_state_chain_each_equal_their_own_sampler_as_they_come_move_and_go(options):
+    """One chain for the requests of equal stateful options (`follow`), against one `Sampler` per request called
+    on that request alone: requests of other lengths (padding), joining late, leaving, swapped, a request whose
+    history grew by two tokens between calls (a new state, as its own sampler starts one), and a request of
+    other options between them. Every row, every step, bit for bit."""
+    other = {"repetition_penalty": 1.3}
+    generator = torch.Generator().manual_seed(11)
+    batch = Batch(vocab_size=V)
+    prompts = {0: [5, 6, 7], 1: [8, 9], 2: [10, 11, 12, 13], 3: [14], 4: [15, 16]}
+    outputs: dict[int, list[int]] = {request: [] for request in prompts}
+    references = {request: Sampler(do_sample=True, **options) for request in prompts}
+    where = {0: 0, 1: 1, 3: 3}  # request -> its row in vLLM's batch
+    batch.update(added=[(0, params(options, temperature=1.0), prompts[0], outputs[0]),
+                        (1, params(options, temperature=1.0), prompts[1], outputs[1]),
+                        (3, params(other), prompts[3], outputs[3])])
+    for step in range(9):
+        if step == 2:  # a request joins, longer than the others
+            batch.update(added=[(2, params(options, temperature=1.0), prompts[2], outputs[2])])
+            where[2] = 2
+        if step == 4:  # two swap rows
+            batch.update(moved=[(0, 2, True)])
+            where[0], where[2] = 2, 0
+        if step == 5:  # one leaves; another joins in its row
+            batch.update(removed=[where.pop(1)])
+            batch.update(added=[(1, params(options, temperature=1.0), prompts[4], outputs[4])])
+            where[4] = 1
+        if step == 7:  # two tokens since the last call: its own sampler starts a new state, so does the chain
+            outputs[2].append(3)
+        logits = torch.randn(4, V, generator=generator) * 2
+        result = batch.apply(logits.clone())
+        for request, row in where.items():
+            ids = torch.tensor([prompts[request] + outputs[request]])
+            if request == 3:
+                expected = alone(other, prompts[3], outputs[3], logits[row], do_sample=False)
+            else:
+                expected = references[request].process(ids, logits[row][None].clone())[0]
+            assert torch.equal(result[row], expected), (step, request)
+            weights = torch.softmax(expected, -1)
+            outputs[request].append(int(torch.multinomial(weights, 1, generator=generator)))
+    assert len(batch.requests._samplers) == 2  # the stateful requests' chain, and the other's
+
+
+def test_a_shared_state_chain_that_fails_ends_every_request_of_it_and_only_them(caplog, monkeypatch):
+    options = STATEFUL[0]
+    batch = Batch(vocab_size=V)
+    batch.update(added=[(0, params(options, temperature=1.0), [5, 39], []),
+                        (1, params(options, temperature=1.0), [6], []),
+                        (2, params({"repetition_penalty": 1.2}), [6], [])])
+    batch.apply(torch.randn(3, V))
+    process = Sampler.process
+
+    def failing(self, input_ids, scores):  # fails on one request's tokens
+        if (input_ids == 39).any():
+            raise ValueError("token 39 met")
+        return process(self, input_ids, scores)
+
+    monkeypatch.setattr(Sampler, "process", failing)
+    with caplog.at_level(logging.ERROR):
+        result = batch.apply(torch.ones(3, V))
+    assert caplog.text.count("token 39 met") == 2 and "shared by 2 requests" in caplog.text
+    assert [row.isfinite().nonzero().flatten().tolist() for row in result[:2]] == [[EOS], [EOS]]
+    assert result[2, 6] == 1 / 1.2 and result[2, 5] == 1  # the other chain's request, as alone
+    monkeypatch.setattr(Sampler, "process", process)
+    assert batch.requests._samplers.keys() == {batch.requests.rows[2].shared}  # the shared chain is let go
+    batch.update(added=[(3, params(options, temperature=1.0), [7], [])])  # the same options again: a new state
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(1))
+    expected = Sampler(do_sample=True, **options).process(torch.tensor([[7]]), logits[3][None].clone())[0]
+    assert torch.equal(batch.apply(logits.clone())[3], expected)
+
+
 def test_a_token_id_outside_the_vocabulary_ends_only_that_request(caplog):
     batch = Batch(vocab_size=V)
     with caplog.at_level(logging.ERROR):
@@ -324,12 +400,16 @@ def test_options_whose_value_is_a_list_are_taken_and_give_the_sampler_alone(opti
     ({"thinking_budget": 2, "thinking_start": [5], "thinking_end": [8]}, True), ({"top_k": 4}, False),
     ({"xtc_probability": 0.5}, False),
 ])
-def test_each_request_with_a_state_gets_its_own_chain(options, stateful):
-    """Stateful requests (the `Sampler` says which) never share a chain with another request of equal options."""
+def test_requests_with_a_state_share_a_chain_only_when_it_can_follow_them(options, stateful):
+    """Stateful requests (the `Sampler` says which) share a chain whose stateful processors take `follow` (told
+    which request each row is); a thinking budget, which follows its rows by their tokens, gets one per request."""
     assert check_request(params(options, temperature=1.0)).stateful is stateful
     batch = Batch(vocab_size=V)
     batch.update(added=[(i, params(options, temperature=1.0), [5, 6], []) for i in range(2)])
-    assert len(batch.requests._samplers) == (0 if stateful else 1)
+    own = "thinking_budget" in options
+    assert len(batch.requests._samplers) == (0 if own else 1)
+    assert len(batch.requests._followed) == (1 if stateful and not own else 0)
+    assert [row.own is not None for row in batch.requests.rows.values()] == [own, own]
 
 
 def test_greedy_and_refusals_name_vllms_fields():
