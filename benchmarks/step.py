@@ -196,7 +196,7 @@ def targets(repeats: int, one_shot: bool, compiled: bool = True) -> None:
     t, *_ = top_p_cell("realistic", 1, 32000, 0.8, rounds=5 * repeats)
     row("realistic top-p 0.9, T=0.8, B=1, V=32000: HF / fast >= 6", t, f"{t['hf'] / t['fast']:.1f}x",
         t["hf"] / t["fast"] >= 6)
-    t, fast, logits, input_ids = top_p_cell("flat", 32, 128256, 0.8)
+    t, _, logits, input_ids = top_p_cell("flat", 32, 128256, 0.8)
     row("flat top-p 0.9, T=0.8, B=32, V=128256: HF / fast >= 8", t, f"{t['hf'] / t['fast']:.1f}x",
         t["hf"] / t["fast"] >= 8)
     options = dict(do_sample=True, temperature=0.8, top_p=0.9, top_k=0)

@@ -42,6 +42,7 @@ import torch
 from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
+from hfbridge.processors._cpu_side import owned_scores
 from hfbridge.sglang._custom_params import RequestOptions, build_sampler, check_params
 
 __all__ = ["Requests"]
@@ -186,7 +187,8 @@ class Requests:
         else:
             ids = torch.stack(histories)  # [G, T]
         try:
-            processed = sampler.process(ids, scores)[:, :vocab]  # [G, V]
+            with owned_scores():  # `scores` is this call's copy: hfbridge's processors may write into it
+                processed = sampler.process(ids, scores)[:, :vocab]  # [G, V]
         except Exception as error:
             if len(members) == 1:
                 members[0][2].request = None

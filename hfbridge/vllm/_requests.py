@@ -56,6 +56,7 @@ from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
 from hfbridge._step.run.stateful_members import stateful_members
+from hfbridge.processors._cpu_side import owned_scores
 from hfbridge.vllm._sampling_params import RequestOptions, build_sampler, check_request
 
 logger = logging.getLogger(__name__)
@@ -249,7 +250,8 @@ class Requests:
         else:
             input_ids = ids(group, padded) if reads else \
                 torch.empty(len(group), 0, dtype=torch.long, device=logits.device)  # [G, T], or [G, 0]: never read
-        processed = sampler.process(input_ids, scores)  # [G, V(+1)]
+        with owned_scores():  # the rows are this call's copy: hfbridge's processors may write into them
+            processed = sampler.process(input_ids, scores)  # [G, V(+1)]
         if followed is not None:
             self._followed[first.shared] = {self.rows[entry.key].serial: (position, entry.length)
                                             for position, entry in enumerate(group)}
