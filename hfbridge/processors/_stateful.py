@@ -11,6 +11,10 @@ so a loop that moves rows around or takes tokens back must tell it. Three calls,
   included); its state becomes what it was when the sequence had that many tokens, as if the tokens
   after had never been seen (assisted decoding rejects drafted tokens; banned strings rewind).
 
+A fourth call is optional: `follow(source)`, `(rows,)` long, at the next call only row `i` continues row
+`source[i]` of the last call (-1: a new sequence) by the caller's word, not by its tokens (mirostat 1 and 2
+and adaptive-p take it; hfbridge's vLLM processor shares one chain among requests with it).
+
 hfbridge's loops call these on every processor that has them (`is_stateful`). In transformers' own
 `generate`, which never calls them, a stateful processor still follows its rows by matching each
 call's `input_ids` against the sequences it saw.

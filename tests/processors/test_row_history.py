@@ -88,3 +88,48 @@ def test_rows_with_the_same_tokens_take_a_row_with_their_own_values():
     history.reorder(torch.tensor([3, 3, 0, 0]))  # a loop that says where the rows went is followed
     found = history.lookup(torch.tensor([[5, 9, 1, 7], [5, 9, 1, 7], [5, 9, 1, 7], [5, 9, 1, 7]]))
     assert found.source.tolist() == [0, 1, 2, 3] and found.before[:, 0].tolist() == [40.0, 40.0, 10.0, 10.0]
+
+
+def test_follow_takes_the_callers_rows_for_the_next_lookup_only():
+    """`follow(source)`: row i continues row source[i] of the last call whatever its tokens (-1, or a row that is not
+    there: fresh); the lookup after it matches by tokens again. No host read."""
+    history = RowHistory()
+    first = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    history.record(first, history.lookup(first), torch.tensor([[10.0], [20.0], [30.0]]))
+    history.follow(torch.tensor([2, -1, 0, 7]))
+    with HostReads() as reads:
+        found = history.lookup(torch.tensor([[9], [9], [9], [9]]))  # only the last token is the caller's
+    assert reads.count == 0
+    assert found.previous.tolist() == [True, False, True, False] and found.repeat.tolist() == [False] * 4
+    assert found.before[:, 0].tolist()[::2] == [30.0, 10.0] and found.source.tolist()[::2] == [2, 0]
+    history.record(torch.tensor([[9], [9], [9], [9]]), found, torch.tensor([[31.0], [1.0], [11.0], [2.0]]))
+    history.follow(torch.tensor([1, 2]))
+    found = history.lookup(torch.tensor([[4], [5]]))
+    assert found.previous.tolist() == [True, True] and found.before[:, 0].tolist() == [1.0, 11.0]
+    found = history.lookup(torch.tensor([[8, 8]]))  # no follow pending: tokens again, which match nothing
+    assert found.previous.tolist() == [False]
+
+
+def test_mirostat_followed_equals_a_warper_per_sequence():
+    """Two sequences in one `MirostatLogitsWarper`, swapped between calls and told so by `follow`, reading only
+    each row's last token: each row's scores are those of a warper of its own fed the whole sequence."""
+    from hfbridge.processors import MirostatLogitsWarper
+
+    generator = torch.Generator().manual_seed(0)
+    shared, alone = MirostatLogitsWarper(tau=2.0, eta=0.5), [MirostatLogitsWarper(tau=2.0, eta=0.5) for _ in range(2)]
+    sequences = [[1, 2, 3], [4, 5]]
+    order = [0, 1]
+    for step in range(5):
+        logits = torch.randn(2, 30, generator=generator) * 2
+        if step:
+            before = order
+            order = order[::-1] if step % 2 else order
+            shared.follow(torch.tensor([before.index(sequence) for sequence in order]))
+        last = torch.tensor([[sequences[sequence][-1]] for sequence in order])
+        out = shared(last, logits.clone())
+        for row, sequence in enumerate(order):
+            expected = alone[sequence](torch.tensor([sequences[sequence]]), logits[row:row + 1].clone())
+            assert torch.equal(out[row:row + 1], expected), (step, sequence)
+        for row, sequence in enumerate(order):
+            kept = out[row].isfinite().nonzero().flatten()
+            sequences[sequence].append(int(kept[torch.randint(len(kept), (1,), generator=generator)]))

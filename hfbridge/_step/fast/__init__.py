@@ -3,7 +3,8 @@
 Entry points: `fast_path.fast_sample` / `fast_draw` / `fast_scores`; `state.FastState` (the scores
 between processors) with `pending` (what the last filter decided, one tagged value); `weighted_draw`
 (drawing from kept tokens); `candidates` (the best tokens of each row by block maxima); `one_row`
-(batch 1); `top_p/` (the top-p routes, and `top_p/route_table.py`, the one table that chooses them).
+(batch 1); `workspace` (the vocabulary-sized buffers a `Sampler` lends its steps on CPU); `top_p/` (the
+top-p routes, and `top_p/route_table.py`, the one table that chooses them).
 Imports: `hfbridge._step`'s helpers below it (cpu_shortcuts, processor_list), torch, numpy.
 
 >>> import torch
