@@ -3,15 +3,17 @@
 A `(rows, vocab)` float32 tensor allocated fresh at every step costs more than the work done in it
 when the C allocator has handed the memory back to the system since the last step: every 4 KiB page
 is then faulted in and zeroed again. glibc's `malloc` does this for blocks of several MiB (they are
-mapped, or trimmed from the top of the heap once free), and at `(32, 128256)` a step that allocated
-its probabilities anew faulted 800 to 8,000 pages, 2 to 17 ms of a 12 ms step
-(`benchmarks/step.py --reads`). A `Sampler` keeps its buffers in its memo dict between steps.
+mapped, or trimmed from the top of the heap once free): at `(32, 128256)` the step that allocated its
+division and its softmax anew faulted in 6,800 to 8,000 pages in some runs, 22 to 28 ms a step against
+11 to 19 in runs without (`benchmarks/step.py --reads`). A `Sampler` keeps its buffers in its memo dict.
 
-Only buffers that never leave the step are lent (the softmax behind a top-p or min-p cut): the
-pending decision that holds one lives on the step's `FastState`, which outlives the step while the
-`Sampler` keeps the step's draw for a later error message; the buffer goes back to the memo when that
-state is gone, so a buffer is never written while anything of its step can still read it. Two steps
-of one `Sampler` at once (threads) each find or make their own.
+Two are lent: the softmax behind a top-p or min-p cut, which never leaves the step, and the division by
+the temperature, which becomes the step's scores; those reach a processor that is neither hfbridge's nor
+transformers' (it may keep what it receives) and a caller (`FastDraw.final_scores`) only as a copy
+(`FastState.private`). The step's `FastState` outlives the step while the `Sampler` keeps the draw for a
+later error message; a buffer goes back to the memo only when that state is gone, so it is never written
+while anything of its step can still read it. Two steps of one `Sampler` at once (threads) each find or
+make their own.
 
 >>> import torch
 >>> from hfbridge._step.fast.state import FastState
