@@ -7,11 +7,14 @@ make a new processor instance for every batch, so everything kept between calls 
 `Requests` store per process (the processor class holds it), keyed by request id:
 
 - each request's checked options (checked once, at its first step);
-- a `Sampler` of its own for a request whose options keep a state across steps (mirostat,
-  adaptive-p, the thinking budget) or draw random numbers (XTC, seeded with SGLang's
-  `sampling_seed`), which follows that request whatever its row;
 - `Sampler`s shared by requests with equal options (and equal stop ids, and for options that count from
-  the end of the prompt, equal prompt lengths), kept while one of those requests is.
+  the end of the prompt, equal prompt lengths), kept while one of those requests is. Requests with a state
+  (mirostat, adaptive-p) share one too: it is called on all their rows at once, each row told which row of
+  the last call it continues (`follow`: the same request id, one token longer; else a new state), and it
+  reads each row's last token only; if that call fails, every request of it fails (as `hfbridge.vllm`);
+- a `Sampler` of its own for a request whose options draw random numbers (XTC, seeded with SGLang's
+  `sampling_seed`) or keep a state only its tokens can follow (the thinking budget, or a state beside
+  options that read the histories), which follows that request whatever its row.
 
 Rows with equal options run in one `Sampler.process` call: their histories are left-padded to one width
 with an id one past the vocabulary, whose score column (added for the call, then dropped) is `-inf`,
@@ -42,6 +45,7 @@ import torch
 from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
+from hfbridge._step.run.stateful_members import continued_row, followed_by_caller, stateful_members
 from hfbridge.processors._cpu_side import owned_scores
 from hfbridge.sglang._custom_params import RequestOptions, build_sampler, check_params
 
@@ -66,6 +70,8 @@ class Requests:
     def __init__(self, fail: Callable[[Any, str], None] | None = None):
         self._requests: dict[Any, _Request] = {}
         self._shared: dict[tuple, Sampler] = {}
+        # key of a shared Sampler with a state -> {request id: (row in its last call, length then)}
+        self._followed: dict[tuple, dict[Any, tuple[int, int]]] = {}
         self._fail = fail
 
     def process(self, logits: torch.Tensor, params: Sequence[dict[str, Any] | None]) -> torch.Tensor:
@@ -126,7 +132,18 @@ class Requests:
             raise ValueError("`dry_sequence_breakers` holds strings, which need the model's tokenizer, and the "
                              "request has none (the server skips its tokenizer); pass token-id sequences instead.")
         prompt_length = len(req.origin_input_ids)
-        if request.stateful or request.random:
+        key = (request.key, None if eos is None else tuple(eos), prompt_length if request.counts_from_prompt else None)
+        own = request.random or (request.stateful and request.counts_from_prompt)
+        if not own and key not in self._shared:
+            sampler = build_sampler(request, prompt_length=key[2], eos_token_id=eos, tokenizer=tokenizer,
+                                    generator=None)
+            stateful = bool(stateful_members(sampler.processors))
+            own = stateful and not followed_by_caller(sampler.processors)  # a thinking budget: its own
+            if not own:
+                self._shared[key] = sampler
+                if stateful:
+                    self._followed[key] = {}
+        if own:
             seed = getattr(req.sampling_params, "sampling_seed", None)
             generator = None
             if request.random:
@@ -135,11 +152,6 @@ class Requests:
             entry.own = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
                                       generator=generator)
         else:
-            key = (request.key, None if eos is None else tuple(eos),
-                   prompt_length if request.counts_from_prompt else None)
-            if key not in self._shared:
-                self._shared[key] = build_sampler(request, prompt_length=key[2], eos_token_id=eos,
-                                                  tokenizer=tokenizer, generator=None)
             entry.shared = key
         entry.request = request
 
@@ -160,6 +172,7 @@ class Requests:
         used = {entry.shared for entry in self._requests.values()}
         for key in [key for key in self._shared if key not in used]:  # no request of these options is left
             del self._shared[key]
+            self._followed.pop(key, None)
 
     def _failed(self, req: Any, message: str) -> None:
         if self._fail is None:
@@ -175,7 +188,11 @@ class Requests:
         rows = [row for row, _, _ in members]
         scores = logits[rows].float()  # [G, V] a copy: processors may write into it
         histories: list[torch.Tensor] = []
-        if reads_ids(sampler.processors):
+        followed = self._followed.get(first.shared) if first.own is None else None  # type: ignore[arg-type]
+        if followed is not None:
+            self._follow(sampler, members, followed, logits.device)
+            histories = [_history(req, logits.device)[-1:] for _, req, _ in members]  # all the chain reads
+        elif reads_ids(sampler.processors):
             histories = [_history(req, logits.device) for _, req, _ in members]
         padded = len({len(history) for history in histories}) > 1
         if not histories:  # a chain that never reads the ids gets none
@@ -190,14 +207,36 @@ class Requests:
             with owned_scores():  # `scores` is this call's copy: hfbridge's processors may write into it
                 processed = sampler.process(ids, scores)[:, :vocab]  # [G, V]
         except Exception as error:
-            if len(members) == 1:
-                members[0][2].request = None
-                self._failed(members[0][1], f"hfbridge's chain failed at this step: {error}")
+            if len(members) == 1 or followed is not None:
+                reason = f"hfbridge's chain failed at this step: {error}"
+                if followed is not None:  # a shared state: the call may have updated some rows and not others
+                    self._followed[first.shared] = {}  # type: ignore[index]
+                    if len(members) > 1:
+                        reason += f" (a chain with a state, shared by {len(members)} requests: every one of them ends)"
+                for _, req, entry in members:
+                    entry.request = None
+                    self._failed(req, reason)
                 return
             for member in members:  # find the request at fault; the others still get their scores
                 self._run(logits, [member])
             return
         logits[rows] = processed.to(logits.dtype)
+        if followed is not None:
+            self._followed[first.shared] = {req.rid: (position, _length(req))  # type: ignore[index]
+                                            for position, (_, req, _) in enumerate(members)}
+
+    def _follow(self, sampler: Sampler, members: list[tuple[int, Any, _Request]],
+                followed: dict[Any, tuple[int, int]], device: torch.device) -> None:
+        """Tell the shared chain's stateful processors which row of its last call each member's row continues."""
+        source = torch.tensor([continued_row(followed.get(req.rid), _length(req)) for _, req, _ in members],
+                              device=device)  # [G]
+        for member in stateful_members(sampler.processors):
+            member.follow(source)
+
+
+def _length(req: Any) -> int:
+    """The request's tokens so far, prompt included."""
+    return len(req.origin_input_ids) + len(req.output_ids)
 
 
 def _history(req: Any, device: torch.device) -> torch.Tensor:

@@ -55,7 +55,7 @@ import torch
 from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
-from hfbridge._step.run.stateful_members import stateful_members
+from hfbridge._step.run.stateful_members import continued_row, followed_by_caller, stateful_members
 from hfbridge.processors._cpu_side import owned_scores
 from hfbridge.vllm._sampling_params import RequestOptions, build_sampler, check_request
 
@@ -243,7 +243,7 @@ class Requests:
             scores[position:position + length, :vocab].copy_(logits[row:row + length])
         if followed is not None:  # each row continues the same request's row of the last call, or starts fresh
             input_ids = ids(group, True)[:, -1:]  # [G, 1]: each row's last token (left padding), all the chain reads
-            source = [_source(followed.get(self.rows[entry.key].serial), entry.length) for entry in group]
+            source = [continued_row(followed.get(self.rows[entry.key].serial), entry.length) for entry in group]
             rows_before = torch.tensor(source, device=logits.device)  # [G]
             for member in stateful_members(sampler.processors):
                 member.follow(rows_before)
@@ -288,13 +288,13 @@ class Requests:
             shared = self._generator(self._key_seed(request.key)) if request.random else None
             sampler = build_sampler(request, prompt_length=prompt_length, eos_token_id=eos, tokenizer=tokenizer,
                                     generator=shared)
-            members = stateful_members(sampler.processors)
+            stateful = bool(stateful_members(sampler.processors))
             # a chain per request for a state that only its rows' tokens can follow (a thinking budget), or beside
             # processors that read the histories (padded, a row could take another route than alone)
-            own = bool(members) and not _followable(sampler.processors, members)
+            own = stateful and not followed_by_caller(sampler.processors)
             if not own:
                 self._samplers[key] = [sampler, 0]
-                if members:
+                if stateful:
                     self._followed[key] = {}
         if own:
             generator = self._generator(seed if seed is not None else self._key_seed(request.key))
@@ -339,18 +339,6 @@ class Requests:
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
-
-
-def _followable(processors: Sequence[Any], members: Sequence[Any]) -> bool:
-    """Whether one chain can serve several requests with a state: each stateful member takes `follow`, and no
-    other processor reads the token ids (the members read only each row's last token)."""
-    return all(callable(getattr(member, "follow", None)) for member in members) and \
-        not reads_ids([processor for processor in processors if not any(processor is m for m in members)])
-
-
-def _source(last: tuple[int, int] | None, length: int) -> int:
-    """The row of the last call a request's row continues: its own, when it had one token less then; else -1."""
-    return last[0] if last is not None and last[1] + 1 == length else -1
 
 
 def _runs(rows: Sequence[int]) -> list[tuple[int, int, int]]:

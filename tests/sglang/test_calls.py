@@ -68,13 +68,47 @@ def test_a_chain_that_never_reads_the_ids_gets_none(model, monkeypatch):
                                   {"thinking_budget": 2, "thinking_start": [5], "thinking_end": [8]}])
 def test_stateful_state_follows_the_request_across_fresh_instances(model, opts):
     """The state lives in the store, keyed by request id: a fresh processor each step loses nothing, and rows
-    reordered every step keep their own state (checked by the tokens, against hfbridge.generate)."""
+    reordered every step keep their own state (checked by the tokens, against hfbridge.generate). Mirostat and
+    adaptive-p requests of equal options share one chain (`follow`); a thinking budget keeps one per request."""
     assert check_params(opts, _params(top_k=1 << 30)).stateful
     requests = [Req(f"m{i}", prompt, opts, greedy=False) for i, prompt in enumerate(PROMPTS)]
     generators = [torch.Generator().manual_seed(7 + i) for i in range(len(PROMPTS))]
-    outputs = run(model, requests, processor_per_call(Requests()), steps=10, generators=generators)
+    store = Requests()
+    outputs = run(model, requests, processor_per_call(store), steps=10, generators=generators)
     for i, prompt in enumerate(PROMPTS):
         assert outputs[i] == expected(model, prompt, opts, do_sample=True, steps=10, seed=7 + i)
+    own = "thinking_budget" in opts
+    assert (len(store._shared), len(store._followed)) == ((0, 0) if own else (1, 1))
+    assert all((entry.own is not None) is own for entry in store._requests.values())
+
+
+def test_a_shared_state_chain_that_fails_fails_every_request_of_it(model, monkeypatch):
+    """A chain with a state shared by several requests: if its call raises, each of them fails (their states
+    are no longer known), and a request of other options in the same call keeps its scores."""
+    from hfbridge import Sampler
+
+    failed = []
+    store = Requests(fail=lambda req, message: failed.append((req.rid, message)))
+    mirostat = [Req(f"s{i}", PROMPTS[i], {"mirostat": 2}, greedy=False) for i in range(2)]
+    other = Req("o", PROMPTS[2], {"repetition_penalty": 1.2})
+    params = [request.custom_params for request in [*mirostat, other]]
+    store.process(torch.randn(3, V), params)
+    process = Sampler.process
+
+    def failing(self, input_ids, scores):
+        if any(type(p).__name__ == "MirostatLogitsWarper" for p in self.processors):
+            raise ValueError("mirostat broke")
+        return process(self, input_ids, scores)
+
+    monkeypatch.setattr(Sampler, "process", failing)
+    for request in mirostat:
+        request.output_ids.append(4)
+    logits = torch.ones(3, V)
+    result = store.process(logits.clone(), params)
+    assert [rid for rid, _ in failed] == ["s0", "s1"]
+    assert all("mirostat broke" in message and "shared by 2 requests" in message for _, message in failed)
+    assert torch.equal(result[:2], logits[:2])  # failed rows are left as they are (the processor ends them)
+    assert result[2, PROMPTS[2][0]] == 1 / 1.2
 
 
 def test_a_bad_request_fails_alone_with_the_options_name(model):
@@ -113,10 +147,11 @@ def test_finished_requests_are_forgotten(model):
     assert set(store._requests) == {"f1"}
     shared = Req("f2", PROMPTS[2], {"repetition_penalty": 1.2})
     store.process(torch.zeros(1, V), [shared.custom_params])
-    assert len(store._shared) == 1
+    assert len(store._shared) == 2 and len(store._followed) == 1  # mirostat's chain (followed), and the other
     del requests[:], shared  # SGLang drops the request: its weak proxy dies
     store.process(torch.zeros(0, V), [])
-    assert store._requests == {} and store._shared == {}  # the shared sampler goes with its last request
+    # the shared samplers go with their last request
+    assert store._requests == {} and store._shared == {} and store._followed == {}
 
 
 def _params(**fields):

@@ -1,7 +1,9 @@
 """The stateful processors of a processor list (`hfbridge.processors._stateful`), per-row groups included.
 
 A per-row group (`per_row.PerRowProcessor`) runs its own instance per group of rows; a stateful
-instance there is found too. Each processor is listed once.
+instance there is found too. Each processor is listed once. `followed_by_caller` says whether an engine
+can run one chain for several requests with a state (`follow`: vLLM's and SGLang's processors), and
+`continued_row` which row of its last call a request's row continues.
 
 >>> class Count:
 ...     def __call__(self, input_ids, scores): return scores
@@ -18,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge.processors._stateful import is_stateful
 
-__all__ = ["stateful_members"]
+__all__ = ["continued_row", "followed_by_caller", "stateful_members"]
 
 
 def stateful_members(processors: Iterable[Any]) -> list[Any]:
@@ -37,3 +40,24 @@ def stateful_members(processors: Iterable[Any]) -> list[Any]:
         if not any(processor is seen for seen in unique):
             unique.append(processor)
     return unique
+
+
+def followed_by_caller(processors: Iterable[Any]) -> bool:
+    """Whether one chain of `processors` can serve several requests with a state, each row told which row of the
+    last call it continues (`follow`): it has stateful members, each takes `follow`, and no other processor reads
+    the token ids (the members read only each row's last token, so the chain gets `(rows, 1)` ids, no padding)."""
+    processors = list(processors)
+    members = stateful_members(processors)
+    others = [processor for processor in processors if not any(processor is member for member in members)]
+    return bool(members) and all(callable(getattr(member, "follow", None)) for member in members) \
+        and not reads_ids(others)
+
+
+def continued_row(last: tuple[int, int] | None, length: int) -> int:
+    """The row of a followed chain's last call that a request's row continues: `last` is its `(row, length then)`
+    there (None: not in it); its own row when it is one token longer now, else -1 (a new state).
+
+    >>> continued_row((3, 10), 11), continued_row((3, 10), 12), continued_row(None, 5)
+    (3, -1, -1)
+    """
+    return last[0] if last is not None and last[1] + 1 == length else -1
