@@ -199,6 +199,20 @@ def test_mirostat_keeps_its_state_per_request_across_moves():
             outputs[request].append(int(expected.argmax()))
 
 
+def _fail_on_token_39(monkeypatch):
+    """`Sampler.process` raises for a call whose ids hold token 39 (a chain failing on one request's tokens); the
+    original is returned."""
+    process = Sampler.process
+
+    def failing(self, input_ids, scores):
+        if (input_ids == 39).any():
+            raise ValueError("token 39 met")
+        return process(self, input_ids, scores)
+
+    monkeypatch.setattr(Sampler, "process", failing)
+    return process
+
+
 STATEFUL = [{"mirostat": 2, "mirostat_tau": 2.0, "mirostat_eta": 0.5},
             {"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.5, "mirostat_m": 20, "top_k": 0},
             {"adaptive_target": 0.3, "adaptive_decay": 0.5, "top_k": 0}]
@@ -254,14 +268,7 @@ def test_a_shared_state_chain_that_fails_ends_every_request_of_it_and_only_them(
                         (1, params(options, temperature=1.0), [6], []),
                         (2, params({"repetition_penalty": 1.2}), [6], [])])
     batch.apply(torch.randn(3, V))
-    process = Sampler.process
-
-    def failing(self, input_ids, scores):  # fails on one request's tokens
-        if (input_ids == 39).any():
-            raise ValueError("token 39 met")
-        return process(self, input_ids, scores)
-
-    monkeypatch.setattr(Sampler, "process", failing)
+    process = _fail_on_token_39(monkeypatch)
     with caplog.at_level(logging.ERROR):
         result = batch.apply(torch.ones(3, V))
     assert caplog.text.count("token 39 met") == 2 and "shared by 2 requests" in caplog.text
@@ -297,14 +304,7 @@ def test_a_chain_that_fails_at_a_step_ends_only_its_request(caplog, monkeypatch)
     batch = Batch(vocab_size=V)
     batch.update(added=[(0, params({"repetition_penalty": 1.2}), [5, 39], []),
                         (1, params({"repetition_penalty": 1.2}), [6], [])])
-    process = Sampler.process
-
-    def failing(self, input_ids, scores):  # a processor that fails on one request's tokens
-        if (input_ids == 39).any():
-            raise ValueError("token 39 met")
-        return process(self, input_ids, scores)
-
-    monkeypatch.setattr(Sampler, "process", failing)
+    _fail_on_token_39(monkeypatch)
     with caplog.at_level(logging.ERROR):
         result = batch.apply(torch.ones(2, V))
     assert "token 39 met" in caplog.text
