@@ -65,8 +65,7 @@ class FastState:
                     self.scores, self.owned = self.scores * factor, True
             elif self.owned:
                 self.scores.div_(temperature)  # HF: scores / temperature
-            elif self.memo is not None:  # the same division, into a buffer lent from step to step
-                out = lend_like(self.scores, self, self.memo, "scores")
+            elif (out := self._lent("scores")) is not None:  # the same division, into a buffer kept between steps
                 self.scores, self.owned, self.lent = torch.div(self.scores, temperature, out=out), True, True
             else:
                 self.scores, self.owned = self.scores / temperature, True
@@ -76,9 +75,12 @@ class FastState:
     def softmax(self) -> torch.Tensor:
         """`softmax(current())` `(N, V)`, on CPU eager into a lent buffer: for the step's own use only."""
         scores = self.current()
-        if self.memo is None:
-            return torch.softmax(scores, dim=-1)
-        return torch.softmax(scores, dim=-1, out=lend_like(scores, self, self.memo, "probs"))
+        out = self._lent("probs")
+        return torch.softmax(scores, dim=-1) if out is None else torch.softmax(scores, dim=-1, out=out)
+
+    def _lent(self, key: str) -> torch.Tensor | None:
+        """A buffer shaped as the scores, lent from step to step (`workspace.py`), or None: compute out of place."""
+        return None if self.memo is None else lend_like(self.scores, self, self.memo, key)
 
     def private(self) -> torch.Tensor:
         """`materialize`, in a tensor that is the caller's to keep: what a processor or a caller receives (a

@@ -37,11 +37,19 @@ import torch
 __all__ = ["lend_like"]
 
 
-def lend_like(like: torch.Tensor, owner: Any, memo: dict | None, key: str) -> torch.Tensor:
+def lend_like(like: torch.Tensor, owner: Any, memo: dict | None, key: str) -> torch.Tensor | None:
     """An uninitialised contiguous tensor shaped as `like`, from `memo[key]` when it fits; back there once
-    `owner` (the step's `FastState`) is gone. Without a memo (one-off calls) a fresh tensor."""
+    `owner` (the step's `FastState`) is gone. Without a memo (one-off calls) a fresh tensor.
+
+    None when `like` needs autograd (scores that require grad, with grad mode on: torch refuses `out=` there), so
+    the caller computes out of place as before. A buffer made inside `torch.inference_mode()` is not written
+    outside it (torch refuses that too): a fresh one is made.
+    """
+    if like.requires_grad and torch.is_grad_enabled():
+        return None
     buffer = None if memo is None else memo.pop(key, None)
-    if buffer is None or buffer.shape != like.shape or buffer.dtype != like.dtype or buffer.device != like.device:
+    if buffer is None or buffer.shape != like.shape or buffer.dtype != like.dtype or buffer.device != like.device \
+            or (buffer.is_inference() and not torch.is_inference_mode_enabled()):
         buffer = torch.empty(like.shape, dtype=like.dtype, device=like.device)
     if memo is not None:
         weakref.finalize(owner, memo.__setitem__, key, buffer)

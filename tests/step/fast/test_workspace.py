@@ -43,8 +43,8 @@ class Keeper(LogitsProcessor):
 
 
 def _fresh_only(monkeypatch):
-    """Lending switched off: every buffer a fresh tensor, as before lending existed."""
-    monkeypatch.setattr(state_module, "lend_like", lambda like, owner, memo, key: torch.empty_like(like))
+    """Lending switched off: every step computes out of place, as before lending existed."""
+    monkeypatch.setattr(state_module, "lend_like", lambda like, owner, memo, key: None)
 
 
 OPTIONS = [
@@ -142,3 +142,29 @@ def test_lend_like_reuses_only_a_fitting_buffer_and_only_once_its_owner_is_gone(
     assert lend_like(torch.zeros(4, 5), FastState(like), memo, "probs").shape == (4, 5)
     assert lend_like(like.double(), FastState(like), {}, "probs").dtype == torch.float64
     assert lend_like(like, FastState(like), None, "probs").shape == (3, 5)  # no memo: fresh, nothing kept
+
+
+@pytest.mark.parametrize("options", OPTIONS[:4], ids=[str(sorted(o)) for o in OPTIONS[:4]])
+def test_scores_that_require_grad_and_inference_mode_steps_take_the_same_draws(options, monkeypatch):
+    """Logits straight from a model without `torch.no_grad()` (they require grad: torch refuses `out=` there, so
+    those steps compute out of place), and steps alternating in and out of `torch.inference_mode()` (a buffer
+    made inside is not written outside): the tokens of a sampler that never lends."""
+    steps = _steps(6)
+    ids = torch.zeros(6, 1, dtype=torch.long)
+
+    def run(sampler):
+        tokens = []
+        for number, rows in enumerate(steps):
+            if number % 3 == 0:
+                tokens.append(sampler(rows.clone().requires_grad_(), ids))
+            elif number % 3 == 1:
+                with torch.inference_mode():
+                    tokens.append(sampler(rows, ids))
+            else:
+                tokens.append(sampler(rows, ids))
+        return tokens
+
+    lent = run(Sampler(fast=True, generator=torch.Generator().manual_seed(3), **options))
+    _fresh_only(monkeypatch)
+    fresh = run(Sampler(fast=True, generator=torch.Generator().manual_seed(3), **options))
+    assert all(torch.equal(a, b) for a, b in zip(lent, fresh, strict=True))
