@@ -45,7 +45,7 @@ import torch
 from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
-from hfbridge._step.run.stateful_members import continued_row, followed_by_caller, stateful_members
+from hfbridge._step.run.stateful_members import continued_row, follow_rows, followed_by_caller, stateful_members
 from hfbridge.processors._cpu_side import owned_scores
 from hfbridge.sglang._custom_params import RequestOptions, build_sampler, check_params
 
@@ -190,8 +190,10 @@ class Requests:
         histories: list[torch.Tensor] = []
         followed = self._followed.get(first.shared) if first.own is None else None  # type: ignore[arg-type]
         if followed is not None:
-            self._follow(sampler, members, followed, logits.device)
-            histories = [_history(req, logits.device)[-1:] for _, req, _ in members]  # all the chain reads
+            sources = [continued_row(followed.get(req.rid), _length(req)) for _, req, _ in members]
+            follow_rows(sampler.processors, sources, logits.device)
+            last = [(req.output_ids or req.origin_input_ids)[-1] for _, req, _ in members]  # all the chain reads
+            histories = list(torch.tensor(last, dtype=torch.long, device=logits.device)[:, None])  # each [1]
         elif reads_ids(sampler.processors):
             histories = [_history(req, logits.device) for _, req, _ in members]
         padded = len({len(history) for history in histories}) > 1
@@ -224,14 +226,6 @@ class Requests:
         if followed is not None:
             self._followed[first.shared] = {req.rid: (position, _length(req))  # type: ignore[index]
                                             for position, (_, req, _) in enumerate(members)}
-
-    def _follow(self, sampler: Sampler, members: list[tuple[int, Any, _Request]],
-                followed: dict[Any, tuple[int, int]], device: torch.device) -> None:
-        """Tell the shared chain's stateful processors which row of its last call each member's row continues."""
-        source = torch.tensor([continued_row(followed.get(req.rid), _length(req)) for _, req, _ in members],
-                              device=device)  # [G]
-        for member in stateful_members(sampler.processors):
-            member.follow(source)
 
 
 def _length(req: Any) -> int:

@@ -55,7 +55,7 @@ import torch
 from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge._step.checks.option_checks import check_token_ids_in_vocab
 from hfbridge._step.run.sampler import Sampler
-from hfbridge._step.run.stateful_members import continued_row, followed_by_caller, stateful_members
+from hfbridge._step.run.stateful_members import continued_row, follow_rows, followed_by_caller, stateful_members
 from hfbridge.processors._cpu_side import owned_scores
 from hfbridge.vllm._sampling_params import RequestOptions, build_sampler, check_request
 
@@ -229,13 +229,13 @@ class Requests:
         first = self.rows[group[0].key]
         sampler = first.own if first.own is not None else self._samplers[first.shared][0]
         reads = reads_ids(sampler.processors)  # a chain that never reads the ids gets none (no histories, no padding)
-        padded = reads and first.own is None and not first.request.counts_from_prompt
+        followed = self._followed.get(first.shared) if first.own is None else None
+        # a followed chain reads only the last token of each row: no padding either
+        padded = reads and first.own is None and not first.request.counts_from_prompt and followed is None
         # float32 copies of the rows, into a buffer kept between steps (processors may write into it):
         # a fresh (rows, vocab) tensor per group and step costs more than the processors on a CPU.
         # Rows are copied a run of consecutive rows at a time: an index tensor would cross to the device (a copy
         # that waits for it).
-        followed = self._followed.get(first.shared) if first.own is None else None
-        padded = padded and followed is None  # a followed chain reads only the last token of each row
         scores = self._scratch(len(group), logits.device, padded)  # [G, V] or [G, V + 1]
         runs = _runs([entry.row for entry in group])
         vocab = self.vocab_size
@@ -243,10 +243,8 @@ class Requests:
             scores[position:position + length, :vocab].copy_(logits[row:row + length])
         if followed is not None:  # each row continues the same request's row of the last call, or starts fresh
             input_ids = ids(group, True)[:, -1:]  # [G, 1]: each row's last token (left padding), all the chain reads
-            source = [continued_row(followed.get(self.rows[entry.key].serial), entry.length) for entry in group]
-            rows_before = torch.tensor(source, device=logits.device)  # [G]
-            for member in stateful_members(sampler.processors):
-                member.follow(rows_before)
+            follow_rows(sampler.processors, [continued_row(followed.get(self.rows[entry.key].serial), entry.length)
+                                             for entry in group], logits.device)
         else:
             input_ids = ids(group, padded) if reads else \
                 torch.empty(len(group), 0, dtype=torch.long, device=logits.device)  # [G, T], or [G, 0]: never read

@@ -2,8 +2,8 @@
 
 A per-row group (`per_row.PerRowProcessor`) runs its own instance per group of rows; a stateful
 instance there is found too. Each processor is listed once. `followed_by_caller` says whether an engine
-can run one chain for several requests with a state (`follow`: vLLM's and SGLang's processors), and
-`continued_row` which row of its last call a request's row continues.
+can run one chain for several requests with a state (`follow`: vLLM's and SGLang's processors),
+`continued_row` which row of its last call a request's row continues, and `follow_rows` tells the chain.
 
 >>> class Count:
 ...     def __call__(self, input_ids, scores): return scores
@@ -17,13 +17,15 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+import torch
 
 from hfbridge._step.checks.caller_inputs import reads_ids
 from hfbridge.processors._stateful import is_stateful
 
-__all__ = ["continued_row", "followed_by_caller", "stateful_members"]
+__all__ = ["continued_row", "follow_rows", "followed_by_caller", "stateful_members"]
 
 
 def stateful_members(processors: Iterable[Any]) -> list[Any]:
@@ -61,3 +63,11 @@ def continued_row(last: tuple[int, int] | None, length: int) -> int:
     (3, -1, -1)
     """
     return last[0] if last is not None and last[1] + 1 == length else -1
+
+
+def follow_rows(processors: Iterable[Any], sources: Sequence[int], device: torch.device) -> None:
+    """Tell each stateful member of a followed chain that, at its next call, row `i` continues row `sources[i]` of
+    its last call (-1: a new state); `sources` from `continued_row`."""
+    source = torch.tensor(list(sources), dtype=torch.long, device=device)  # [G]
+    for member in stateful_members(processors):
+        member.follow(source)
